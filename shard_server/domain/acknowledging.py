@@ -1,0 +1,81 @@
+"""Acting on a receipt: delete, change visibility, release (nack with backoff).
+
+Each succeeds only with the message's current claim before its deadline; any
+other receipt is rejected with a specific reason and changes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from shard_server.domain.context import ShardContext, commit_event
+from shard_server.domain.events import ChangeKind, DeliveryChanged, RemovalKind, Removed
+from shard_server.domain.messages import Delivery, DeliveryState
+from shard_server.domain.store import ShardStore
+from shard_server.domain.transitions import Action, require_transition
+from shardq.errors import Reason
+from shardq.receipts import Receipt
+
+
+def check_receipt(store: ShardStore, context: ShardContext, receipt: Receipt, *, now_ms: int) -> Delivery | Reason:
+    """The message's delivery state if the receipt holds its live claim, else why not."""
+    if receipt.queue_fingerprint != context.fingerprint or receipt.shard != context.shard:
+        return Reason.WRONG_QUEUE
+    delivery = store.get_delivery(receipt.seq)
+    if delivery is None:
+        return Reason.MESSAGE_NOT_FOUND
+    if (
+        delivery.state != DeliveryState.CLAIMED
+        or delivery.claim_epoch != receipt.epoch
+        or delivery.claim_token != receipt.claim_token
+    ):
+        return Reason.STALE_RECEIPT
+    if delivery.visible_at_ms <= now_ms:
+        return Reason.RECEIPT_EXPIRED
+    return delivery
+
+
+def delete_message(store: ShardStore, context: ShardContext, receipt: Receipt, *, now_ms: int) -> Reason | None:
+    checked = check_receipt(store, context, receipt, now_ms=now_ms)
+    if isinstance(checked, Reason):
+        return checked
+    require_transition(checked.state, Action.DELETE)
+    commit_event(store, context, Removed(RemovalKind.DELETED, checked.seq, checked.sent_at_ms), now_ms=now_ms)
+    return None
+
+
+def change_visibility(
+    store: ShardStore, context: ShardContext, receipt: Receipt, *, visibility_timeout_ms: int, now_ms: int
+) -> Reason | None:
+    checked = check_receipt(store, context, receipt, now_ms=now_ms)
+    if isinstance(checked, Reason):
+        return checked
+    changed = dataclasses.replace(
+        checked,
+        state=require_transition(checked.state, Action.CHANGE_VISIBILITY),
+        visible_at_ms=now_ms + visibility_timeout_ms,
+    )
+    commit_event(store, context, DeliveryChanged(ChangeKind.VISIBILITY_CHANGED, changed), now_ms=now_ms)
+    return None
+
+
+def compute_release_backoff_ms(context: ShardContext, receive_count: int) -> int:
+    """Exponential: base, 2*base, 4*base ... capped at the queue's maximum."""
+    config = context.config
+    exponent = max(receive_count - 1, 0)
+    if exponent >= 62:
+        return config.nack_backoff_max_ms
+    return min(config.nack_backoff_base_ms << exponent, config.nack_backoff_max_ms)
+
+
+def release_message(store: ShardStore, context: ShardContext, receipt: Receipt, *, now_ms: int) -> Reason | None:
+    checked = check_receipt(store, context, receipt, now_ms=now_ms)
+    if isinstance(checked, Reason):
+        return checked
+    released = dataclasses.replace(
+        checked,
+        state=require_transition(checked.state, Action.RELEASE),
+        visible_at_ms=now_ms + compute_release_backoff_ms(context, checked.receive_count),
+    )
+    commit_event(store, context, DeliveryChanged(ChangeKind.RELEASED, released), now_ms=now_ms)
+    return None

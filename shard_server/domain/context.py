@@ -1,0 +1,29 @@
+"""The fixed facts a decision needs about its shard, and how a decision takes effect."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from shard_server.domain.applying import apply_event
+from shard_server.domain.events import Event
+from shard_server.domain.store import ShardStore
+from shardq.queues import QueueConfig
+from shardq.receipts import queue_fingerprint
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ShardContext:
+    config: QueueConfig
+    shard: int
+    # The leader's fencing token: stamped on log entries and receipts.
+    epoch: int
+
+    @property
+    def fingerprint(self) -> int:
+        return queue_fingerprint(self.config.name)
+
+
+def commit_event(store: ShardStore, context: ShardContext, event: Event, *, now_ms: int) -> None:
+    """Journal the event and apply it, in the caller's transaction."""
+    store.record_event(event)
+    apply_event(store, event, fifo=context.config.fifo, now_ms=now_ms)

@@ -1,0 +1,72 @@
+"""What a shard stores per message: the immutable record and the delivery state."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+
+class DeliveryState(enum.IntEnum):
+    """Stored on disk: the numbers are fixed forever and never reused."""
+
+    # In the delivery index: visible when visible_at_ms <= now, delayed otherwise.
+    READY = 0
+    # In the delivery index under its claim deadline: in flight.
+    CLAIMED = 1
+    # FIFO only: behind its group's head, not in the delivery index yet.
+    WAITING_IN_GROUP = 2
+    # Past max receive count: waiting to be handed to the dead-letter queue.
+    DEAD_LETTER_PENDING = 3
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MessageRecord:
+    seq: int
+    sent_at_ms: int
+    body: bytes
+    attributes: dict[str, str]
+    group_id: str
+    dedup_id: str
+    # For messages that arrived by dead-lettering or redrive: the queue they left.
+    source_queue: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Delivery:
+    seq: int
+    state: DeliveryState
+    sent_at_ms: int
+    visible_at_ms: int
+    receive_count: int = 0
+    first_received_at_ms: int = 0
+    last_received_at_ms: int = 0
+    claim_epoch: int = 0
+    claim_token: int = 0
+
+    @property
+    def indexed(self) -> bool:
+        return self.state in (DeliveryState.READY, DeliveryState.CLAIMED)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A validated message to store; delay already resolved against the queue default."""
+
+    body: bytes
+    attributes: dict[str, str]
+    group_id: str
+    dedup_id: str
+    delay_ms: int
+    source_queue: str = ""
+
+
+def format_message_id(*, sent_at_ms: int, shard: int, seq: int) -> str:
+    """Time-ordered and unique within a queue: sorting ids sorts by send time."""
+    return f"{sent_at_ms:012x}{shard:04x}{seq:016x}"
+
+
+def parse_message_id(message_id: str) -> tuple[int, int, int]:
+    """(sent_at_ms, shard, seq) from a message id; ValueError if it is not one."""
+    if len(message_id) != 32:
+        raise ValueError(f"message id {message_id!r} has the wrong length")
+    return int(message_id[:12], 16), int(message_id[12:16], 16), int(message_id[16:], 16)

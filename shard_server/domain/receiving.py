@@ -1,0 +1,79 @@
+"""Claiming messages for a receiver, and dead-lettering on the way.
+
+A claim moves the message's deadline to now + visibility timeout and bumps its
+claim token; the receipt names (epoch, token), so only the newest claim can
+delete or extend it (invariants 1 and 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from shard_server.domain.context import ShardContext, commit_event
+from shard_server.domain.events import ChangeKind, DeliveryChanged
+from shard_server.domain.messages import Delivery, MessageRecord
+from shard_server.domain.store import ShardStore
+from shard_server.domain.transitions import Action, require_transition
+from shardq.receipts import Receipt
+
+DEAD_LETTER_REASON_MAX_RECEIVES = "max_receive_count"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClaimedMessage:
+    record: MessageRecord
+    delivery: Delivery
+    receipt: Receipt
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReceiveOutcome:
+    claimed: list[ClaimedMessage]
+    dead_lettered: int
+
+
+def receive_messages(
+    store: ShardStore, context: ShardContext, *, max_messages: int, visibility_timeout_ms: int, now_ms: int
+) -> ReceiveOutcome:
+    claimed: list[ClaimedMessage] = []
+    dead_lettered = 0
+    seen: set[int] = set()
+    after: tuple[int, int] | None = None
+    max_receives = context.config.max_receive_count
+    while len(claimed) < max_messages:
+        wanted = max_messages - len(claimed)
+        candidates = store.eligible(now_ms, after=after, limit=wanted)
+        if not candidates:
+            break
+        for key in candidates:
+            after = key
+            seq = key[1]
+            if seq in seen:
+                continue  # a zero visibility timeout makes a fresh claim eligible at once
+            seen.add(seq)
+            delivery = store.get_delivery(seq)
+            if delivery is None:
+                continue
+            if max_receives and delivery.receive_count >= max_receives:
+                dead = dataclasses.replace(delivery, state=require_transition(delivery.state, Action.DEAD_LETTER))
+                event = DeliveryChanged(ChangeKind.DEAD_LETTERED, dead, DEAD_LETTER_REASON_MAX_RECEIVES)
+                commit_event(store, context, event, now_ms=now_ms)
+                dead_lettered += 1
+                continue
+            record = store.get_record(seq)
+            if record is None:
+                continue
+            claim = dataclasses.replace(
+                delivery,
+                state=require_transition(delivery.state, Action.CLAIM),
+                visible_at_ms=now_ms + visibility_timeout_ms,
+                receive_count=delivery.receive_count + 1,
+                first_received_at_ms=delivery.first_received_at_ms or now_ms,
+                last_received_at_ms=now_ms,
+                claim_epoch=context.epoch,
+                claim_token=delivery.claim_token + 1,
+            )
+            commit_event(store, context, DeliveryChanged(ChangeKind.RECEIVED, claim), now_ms=now_ms)
+            receipt = Receipt(context.fingerprint, context.shard, seq, context.epoch, claim.claim_token)
+            claimed.append(ClaimedMessage(record, claim, receipt))
+    return ReceiveOutcome(claimed, dead_lettered)

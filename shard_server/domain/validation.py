@@ -1,0 +1,105 @@
+"""Request validation: every bound checked, every error naming its field.
+
+Runs before anything is stored, so a bad request changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from shard_server.domain.messages import NewMessage
+from shardq.errors import InvalidArgument
+from shardq.queues import (
+    MAX_ATTRIBUTE_KEY_CHARS,
+    MAX_ATTRIBUTES,
+    MAX_ATTRIBUTES_BYTES,
+    MAX_BATCH_BYTES,
+    MAX_ID_CHARS,
+    MAX_RECEIVE_BATCH,
+    MAX_SEND_BATCH,
+    MAX_WAIT_MS,
+    QueueConfig,
+)
+
+
+def _id_problem(name: str, value: str) -> tuple[str, str] | None:
+    if len(value) > MAX_ID_CHARS:
+        return name, f"at most {MAX_ID_CHARS} characters, got {len(value)}"
+    if value and not value.isprintable():
+        return name, "must be printable characters"
+    return None
+
+
+def _message_problem(
+    config: QueueConfig, body: bytes, attributes: Mapping[str, str], group_id: str, dedup_id: str, delay: int
+) -> tuple[str, str] | None:
+    """(field suffix, what is wrong) for the first problem, or None."""
+    if len(attributes) > MAX_ATTRIBUTES:
+        return "attributes", f"at most {MAX_ATTRIBUTES} attributes, got {len(attributes)}"
+    attribute_bytes = 0
+    for key, value in attributes.items():
+        if not key or len(key) > MAX_ATTRIBUTE_KEY_CHARS:
+            return "attributes", f"keys must be 1..{MAX_ATTRIBUTE_KEY_CHARS} characters"
+        attribute_bytes += len(key.encode()) + len(value.encode())
+    if attribute_bytes > MAX_ATTRIBUTES_BYTES:
+        return "attributes", f"at most {MAX_ATTRIBUTES_BYTES} bytes in all"
+    size = len(body) + attribute_bytes
+    if size > config.max_message_bytes:
+        return "body", f"message is {size} bytes with attributes; the queue allows {config.max_message_bytes}"
+    problem = _id_problem("group_id", group_id) or _id_problem("dedup_id", dedup_id)
+    if problem is not None:
+        return problem
+    if config.fifo and not group_id:
+        return "group_id", "required on a FIFO queue"
+    if not 0 <= delay <= config.retention_ms:
+        return "delay_ms", f"must be 0..{config.retention_ms} (the retention period), got {delay}"
+    return None
+
+
+def validate_message(
+    config: QueueConfig,
+    *,
+    index: int,
+    body: bytes,
+    attributes: Mapping[str, str],
+    group_id: str,
+    dedup_id: str,
+    delay_ms: int | None,
+) -> NewMessage:
+    """Check one message of a send batch; `index` names it in the error."""
+    delay = config.delivery_delay_ms if delay_ms is None else delay_ms
+    problem = _message_problem(config, body, attributes, group_id, dedup_id, delay)
+    if problem is not None:
+        raise InvalidArgument(f"messages[{index}].{problem[0]}", problem[1])
+    return NewMessage(body=body, attributes=dict(attributes), group_id=group_id, dedup_id=dedup_id, delay_ms=delay)
+
+
+def validate_batch_size(field: str, count: int, limit: int) -> None:
+    if not 1 <= count <= limit:
+        raise InvalidArgument(field, f"must hold 1..{limit} entries, got {count}")
+
+
+def validate_send_batch(count: int, total_bytes: int) -> None:
+    validate_batch_size("messages", count, MAX_SEND_BATCH)
+    if total_bytes > MAX_BATCH_BYTES:
+        raise InvalidArgument("messages", f"batch is {total_bytes} bytes; at most {MAX_BATCH_BYTES}")
+
+
+def resolve_visibility_timeout(config: QueueConfig, field: str, value: int | None) -> int:
+    timeout = config.visibility_timeout_ms if value is None else value
+    if not 0 <= timeout <= config.retention_ms:
+        raise InvalidArgument(field, f"must be 0..{config.retention_ms} ms (the retention period), got {timeout}")
+    return timeout
+
+
+def validate_receive(config: QueueConfig, *, max_messages: int, visibility_timeout_ms: int | None, wait_ms: int) -> int:
+    """Check a receive request; returns the visibility timeout to use."""
+    if not 1 <= max_messages <= MAX_RECEIVE_BATCH:
+        raise InvalidArgument("max_messages", f"must be 1..{MAX_RECEIVE_BATCH}, got {max_messages}")
+    if not 0 <= wait_ms <= MAX_WAIT_MS:
+        raise InvalidArgument("wait_time_ms", f"must be 0..{MAX_WAIT_MS}, got {wait_ms}")
+    return resolve_visibility_timeout(config, "visibility_timeout_ms", visibility_timeout_ms)
+
+
+def validate_receipts(field: str, receipts: Sequence[str]) -> None:
+    validate_batch_size(field, len(receipts), MAX_RECEIVE_BATCH)

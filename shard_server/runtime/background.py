@@ -1,0 +1,169 @@
+"""Background loops of a server: retention and pruning per shard, the dead-letter
+mover per queue, and rate-limited redrive from a dead-letter queue."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+
+from shard_server.domain import housekeeping
+from shard_server.domain.context import ShardContext
+from shard_server.domain.messages import NewMessage, format_message_id
+from shard_server.runtime.committing import wall_clock_ms
+from shard_server.runtime.hosting import HostedQueue, HostedShard, QueueHost
+from shard_server.storage.lmdb_store import LmdbShardTransaction
+from shardq.errors import InvalidArgument
+from shardq.receipts import encode_receipt
+
+log = logging.getLogger(__name__)
+
+HOUSEKEEPING_PERIOD_S = 1.0
+EXPIRE_BATCH = 5_000
+LOG_PRUNE_BATCH = 10_000
+DEAD_LETTER_BATCH = 100
+REDRIVE_BATCH = 100
+# Long enough that a redrive batch is never redelivered to another consumer
+# while it is being copied; released at once if the copy fails.
+REDRIVE_CLAIM_MS = 60_000
+
+
+async def keep_shard_tidy(shard: HostedShard) -> None:
+    """Retention, dedup pruning and journal pruning, each only when due."""
+    config = shard.queue.config
+    while True:
+        await asyncio.sleep(HOUSEKEEPING_PERIOD_S)
+        now = wall_clock_ms()
+        with shard.environment.read() as tx:
+            oldest = tx.oldest_messages(after_seq=0, limit=1)
+            expire_due = bool(oldest) and oldest[0][1] <= now - config.retention_ms
+            dedup_due = (tx.next_dedup_expiry() or now + 1) <= now
+            first_entry_at = tx.first_log_entry_at_ms()
+            log_due = first_entry_at is not None and first_entry_at < now - config.journal_retention_ms
+
+        def tidy(tx: LmdbShardTransaction, context: ShardContext, at: int) -> int:
+            expired = 0
+            if expire_due:
+                expired = housekeeping.expire_messages(tx, context, now_ms=at, limit=EXPIRE_BATCH)
+            if dedup_due:
+                housekeeping.prune_dedup(tx, context, now_ms=at)
+            if log_due:
+                tx.prune_log(
+                    before_ms=at - config.journal_retention_ms, keep_after_index=tx.last_index(), limit=LOG_PRUNE_BATCH
+                )
+            return expired
+
+        if expire_due or dedup_due or log_due:
+            expired = await shard.committer.submit(tidy)
+            if expired:
+                shard.expired.inc(expired)
+                log.info("queue %s shard %d: %d messages expired", config.name, shard.index, expired)
+
+
+async def move_dead_letters(host: QueueHost, queue: HostedQueue) -> None:
+    """Hand dead-lettered messages to the dead-letter queue, then remove them here.
+
+    The copy carries a dedup id derived from the message id, so a crash between
+    the copy and the removal cannot leave two copies in a deduplicating DLQ, and
+    a message is removed here only after the DLQ acknowledged it.
+    """
+    name = queue.config.dead_letter_queue
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(queue.dead_letters_waiting.wait(), timeout=HOUSEKEEPING_PERIOD_S)
+        queue.dead_letters_waiting.clear()
+        target = host.queues.get(name)
+        if target is None:
+            continue
+        for shard in queue.shards:
+            await _move_shard_dead_letters(queue, shard, target)
+
+
+async def _move_shard_dead_letters(queue: HostedQueue, shard: HostedShard, target: HostedQueue) -> None:
+    while True:
+        with shard.environment.read() as tx:
+            records = [tx.get_record(seq) for seq in tx.dead_letter_pending(limit=DEAD_LETTER_BATCH)]
+        present = [record for record in records if record is not None]
+        if not present:
+            return
+        copies = [
+            NewMessage(
+                body=record.body,
+                attributes=record.attributes,
+                group_id=record.group_id or (queue.config.name if target.config.fifo else ""),
+                dedup_id="dlq:"
+                + format_message_id(sent_at_ms=record.sent_at_ms, shard=shard.index, seq=record.seq),
+                delay_ms=0,
+                source_queue=queue.config.name,
+            )
+            for record in present
+        ]
+        entries = await target.send(copies)
+        delivered = [record.seq for record, entry in zip(present, entries, strict=True) if entry.error is None]
+        if delivered:
+            await shard.committer.submit(
+                lambda tx, context, now: housekeeping.complete_dead_letters(tx, context, delivered, now_ms=now)
+            )
+        if len(delivered) < len(present):
+            return  # the DLQ refused some (e.g. full): try again on the next round
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RedriveProgress:
+    moved: int
+    remaining: int
+    done: bool
+
+
+async def redrive(
+    host: QueueHost, *, source: str, destination: str, rate_per_second: float, max_messages: int
+) -> AsyncIterator[RedriveProgress]:
+    """Move messages from `source` (a DLQ) to `destination`, at most `rate_per_second`."""
+    if source == destination:
+        raise InvalidArgument("destination", "must differ from source")
+    if rate_per_second < 0:
+        raise InvalidArgument("rate_per_second", "must be >= 0")
+    from_queue = host.get(source)
+    to_queue = host.get(destination)
+    present = sum(stats.messages - stats.dead_letter_pending for stats in from_queue.stats())
+    target = min(max_messages, present) if max_messages else present
+    moved = 0
+    started = asyncio.get_running_loop().time()
+    while moved < target:
+        claimed = await from_queue.receive(
+            max_messages=min(REDRIVE_BATCH, target - moved), visibility_timeout_ms=REDRIVE_CLAIM_MS, wait_ms=0
+        )
+        if not claimed:
+            break
+        copies = [
+            NewMessage(
+                body=message.record.body,
+                attributes=message.record.attributes,
+                group_id=message.record.group_id or (source if to_queue.config.fifo else ""),
+                dedup_id=f"redrive:{source}:"
+                + format_message_id(sent_at_ms=message.record.sent_at_ms, shard=shard.index, seq=message.record.seq),
+                delay_ms=0,
+                source_queue=source,
+            )
+            for shard, message in claimed
+        ]
+        receipts = [encode_receipt(message.receipt) for _, message in claimed]
+        entries = await to_queue.send(copies)
+        copied = [receipt for receipt, entry in zip(receipts, entries, strict=True) if entry.error is None]
+        failed = [receipt for receipt, entry in zip(receipts, entries, strict=True) if entry.error is not None]
+        if copied:
+            await from_queue.delete(copied)
+        if failed:
+            await from_queue.change_visibility([(receipt, 0) for receipt in failed])
+            first_error = next(entry.error for entry in entries if entry.error is not None)
+            yield RedriveProgress(moved + len(copied), max(target - moved - len(copied), 0), done=False)
+            raise first_error
+        moved += len(copied)
+        yield RedriveProgress(moved, target - moved, done=False)
+        if rate_per_second:
+            ahead_s = moved / rate_per_second - (asyncio.get_running_loop().time() - started)
+            if ahead_s > 0:
+                await asyncio.sleep(ahead_s)
+    yield RedriveProgress(moved, max(target - moved, 0), done=True)

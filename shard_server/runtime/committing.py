@@ -1,0 +1,153 @@
+"""Group commit: many requests, one write transaction, one fsync.
+
+Requests for a shard queue up while the previous batch commits; the writer
+thread then runs every queued request in one transaction. Answers go out after
+the commit, except receives, which may answer as soon as their claims are
+decided (DESIGN §5: a lost claim only means a redelivery, and the receipt of a
+lost claim is rejected because the next claim carries a newer epoch or token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from shard_server.domain.context import ShardContext
+from shard_server.storage.lmdb_store import LmdbShardTransaction, ShardEnvironment
+from shardq.errors import Reason, ShardqError
+
+T = TypeVar("T")
+Work = Callable[[LmdbShardTransaction, ShardContext, int], T]
+
+log = logging.getLogger(__name__)
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclasses.dataclass(slots=True)
+class _Request(Generic[T]):
+    work: Work[T]
+    future: asyncio.Future[T]
+    answer_before_commit: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CommitReport:
+    """What one committed batch did: for metrics and for waking receivers."""
+
+    requests: int
+    log_index: int
+    at_ms: int
+
+
+class GroupCommitter:
+    def __init__(
+        self,
+        environment: ShardEnvironment,
+        context: Callable[[], ShardContext],
+        *,
+        name: str,
+        on_commit: Callable[[CommitReport], None],
+        clock_ms: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        self._environment = environment
+        self._context = context
+        self._on_commit = on_commit
+        self._clock_ms = clock_ms
+        # LMDB write transactions belong to their thread: one thread per shard.
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._pending: list[_Request[Any]] = []
+        self._busy = False
+        self._closed = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._last_now_ms = 0
+
+    async def submit(self, work: Work[T], *, answer_before_commit: bool = False) -> T:
+        if self._closed:
+            raise ShardqError(Reason.SHUTTING_DOWN, "the server is shutting down")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._pending.append(_Request(work, future, answer_before_commit))
+        if not self._busy:
+            self._start_batch(loop)
+        return await future
+
+    def _start_batch(self, loop: asyncio.AbstractEventLoop) -> None:
+        batch, self._pending = self._pending, []
+        self._busy = True
+        self._idle.clear()
+        done = self._executor.submit(self._run_batch, loop, batch)
+        done.add_done_callback(lambda finished: loop.call_soon_threadsafe(self._finish_batch, loop, batch, finished))
+
+    def _run_batch(
+        self, loop: asyncio.AbstractEventLoop, batch: list[_Request[Any]]
+    ) -> tuple[list[tuple[bool, Any]], CommitReport]:
+        # Non-decreasing per shard, so seq order is send-time order (retention relies on it).
+        now_ms = max(self._clock_ms(), self._last_now_ms)
+        self._last_now_ms = now_ms
+        context = self._context()
+        outcomes: list[tuple[bool, Any]] = []
+
+        def run_all(tx: LmdbShardTransaction) -> None:
+            early: list[tuple[asyncio.Future[Any], bool, Any]] = []
+            for request in batch:
+                try:
+                    outcome: tuple[bool, Any] = (True, request.work(tx, context, now_ms))
+                except ShardqError as error:
+                    outcome = (False, error)
+                outcomes.append(outcome)
+                if request.answer_before_commit:
+                    early.append((request.future, *outcome))
+            if early:
+                loop.call_soon_threadsafe(_resolve_all, early)
+
+        _, index = self._environment.write(run_all, epoch=context.epoch, at_ms=now_ms)
+        return outcomes, CommitReport(len(batch), index, now_ms)
+
+    def _finish_batch(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        batch: list[_Request[Any]],
+        finished: concurrent.futures.Future[tuple[list[tuple[bool, Any]], CommitReport]],
+    ) -> None:
+        self._busy = False
+        error = finished.exception()
+        if error is not None:
+            log.error("shard commit failed; %d requests get an error", len(batch), exc_info=error)
+            for request in batch:
+                if not request.future.done():
+                    request.future.set_exception(ShardqError(Reason.UNAVAILABLE, f"commit failed: {error}"))
+        else:
+            outcomes, report = finished.result()
+            _resolve_all([(request.future, ok, value) for request, (ok, value) in zip(batch, outcomes, strict=True)])
+            self._on_commit(report)
+        if self._pending:
+            self._start_batch(loop)
+        else:
+            self._idle.set()
+
+    async def close(self) -> None:
+        """Stop taking requests and finish every commit already queued."""
+        self._closed = True
+        while self._busy or self._pending:
+            await self._idle.wait()
+        self._executor.shutdown(wait=True)
+
+
+def _resolve_all(outcomes: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+    for future, ok, value in outcomes:
+        if future.done():
+            continue  # answered before commit, or the caller went away
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+

@@ -1,0 +1,106 @@
+"""Assemble and run one shard server: gRPC services, health, reflection, metrics,
+background loops, and a graceful shutdown that finishes in-flight commits."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import pathlib
+import signal
+import sys
+from collections.abc import Sequence
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+from shard_server import metrics
+from shard_server.runtime import background
+from shard_server.runtime.hosting import QueueHost
+from shard_server.service.exporting import ExportServicer
+from shard_server.service.queues import QueueServicer
+from shard_server.storage.lmdb_store import DEFAULT_MAP_SIZE
+from shardq.api.v1 import export_pb2, export_pb2_grpc, queue_pb2, queue_pb2_grpc
+from shardq.queues import QueueConfig
+
+log = logging.getLogger(__name__)
+
+MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024
+SHUTDOWN_GRACE_S = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSettings:
+    data_dir: pathlib.Path
+    queues: Sequence[QueueConfig]
+    host: str = "127.0.0.1"
+    port: int = 7600
+    metrics_port: int | None = None
+    map_size: int = DEFAULT_MAP_SIZE
+
+
+async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) -> None:
+    """Run until SIGTERM/SIGINT (or `stop` is set), then shut down gracefully."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+
+    host = QueueHost(settings.data_dir, settings.queues, map_size=settings.map_size)
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    queue_pb2_grpc.add_QueueServiceServicer_to_server(QueueServicer(host), server)
+    export_pb2_grpc.add_ExportServiceServicer_to_server(ExportServicer(host), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    service_names = (
+        queue_pb2.DESCRIPTOR.services_by_name["QueueService"].full_name,
+        export_pb2.DESCRIPTOR.services_by_name["ExportService"].full_name,
+        health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+        reflection.SERVICE_NAME,
+    )
+    reflection.enable_server_reflection(service_names, server)
+    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    if port == 0:
+        raise SystemExit(f"shardq: cannot listen on {settings.host}:{settings.port}")
+    host.advertised_address = f"{settings.host}:{port}"
+
+    collector = metrics.ShardCollector(lambda: [(q, i, shard.stats) for q, i, shard in host.shard_stats_sources()])
+    metrics.REGISTRY.register(collector)
+    metrics_server = None
+    if settings.metrics_port is not None:
+        metrics_server, _ = start_http_server(settings.metrics_port, addr=settings.host, registry=metrics.REGISTRY)
+
+    tasks = [asyncio.create_task(background.keep_shard_tidy(shard)) for _, _, shard in host.shard_stats_sources()]
+    tasks += [
+        asyncio.create_task(background.move_dead_letters(host, queue))
+        for queue in host.queues.values()
+        if queue.config.dead_letter_queue
+    ]
+    await server.start()
+    for name in ("", *service_names):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    metrics_note = f", metrics on {settings.host}:{settings.metrics_port}" if settings.metrics_port is not None else ""
+    log.info("serving %s on %s%s", ", ".join(sorted(host.queues)), host.advertised_address, metrics_note)
+    print(f"shardq: listening on {host.advertised_address}", file=sys.stderr, flush=True)
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down: refusing new calls, finishing in-flight ones")
+        await health_servicer.enter_graceful_shutdown()
+        await server.stop(SHUTDOWN_GRACE_S)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await host.close()
+        metrics.REGISTRY.unregister(collector)
+        if metrics_server is not None:
+            metrics_server.shutdown()
+        log.info("stopped")

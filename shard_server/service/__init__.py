@@ -1,0 +1,1 @@
+"""gRPC servicers: convert from proto, call the runtime, convert back. No queue logic here."""

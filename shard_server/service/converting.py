@@ -1,0 +1,97 @@
+"""Proto <-> runtime conversions for the queue API."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from shard_server.domain.messages import NewMessage, format_message_id
+from shard_server.domain.receiving import ClaimedMessage
+from shard_server.domain.validation import validate_message, validate_send_batch
+from shard_server.runtime.hosting import HostedShard, SendEntry
+from shard_server.service.errors import entry_error
+from shardq.api.v1 import queue_pb2
+from shardq.errors import Reason
+from shardq.queues import QueueConfig
+from shardq.receipts import encode_receipt
+
+
+def messages_from_proto(config: QueueConfig, messages: Sequence[queue_pb2.MessageToSend]) -> list[NewMessage]:
+    validate_send_batch(len(messages), sum(len(m.body) for m in messages))
+    return [
+        validate_message(
+            config,
+            index=index,
+            body=message.body,
+            attributes=message.attributes,
+            group_id=message.group_id,
+            dedup_id=message.dedup_id,
+            delay_ms=message.delay_ms if message.HasField("delay_ms") else None,
+        )
+        for index, message in enumerate(messages)
+    ]
+
+
+def send_response_to_proto(entries: Sequence[SendEntry]) -> queue_pb2.SendMessagesResponse:
+    results = []
+    for entry in entries:
+        if entry.error is None:
+            results.append(
+                queue_pb2.SendResult(
+                    message_id=entry.message_id, duplicate=entry.duplicate, shard=entry.shard, seq=entry.seq
+                )
+            )
+        else:
+            error = queue_pb2.EntryError(reason=entry.error.reason.value, message=entry.error.message)
+            results.append(queue_pb2.SendResult(shard=entry.shard, error=error))
+    return queue_pb2.SendMessagesResponse(results=results)
+
+
+def received_to_proto(claimed: Sequence[tuple[HostedShard, ClaimedMessage]]) -> queue_pb2.ReceiveMessagesResponse:
+    messages = []
+    for shard, message in claimed:
+        record = message.record
+        delivery = message.delivery
+        messages.append(
+            queue_pb2.ReceivedMessage(
+                message_id=format_message_id(sent_at_ms=record.sent_at_ms, shard=shard.index, seq=record.seq),
+                body=record.body,
+                attributes=record.attributes,
+                group_id=record.group_id,
+                dedup_id=record.dedup_id,
+                receipt=encode_receipt(message.receipt),
+                receive_count=delivery.receive_count,
+                sent_at_ms=record.sent_at_ms,
+                first_received_at_ms=delivery.first_received_at_ms,
+                visible_until_ms=delivery.visible_at_ms,
+                shard=shard.index,
+                seq=record.seq,
+            )
+        )
+    return queue_pb2.ReceiveMessagesResponse(messages=messages)
+
+
+_OK = queue_pb2.EntryResult(ok=True)
+
+
+def entry_results_to_proto(outcomes: Sequence[Reason | None]) -> list[queue_pb2.EntryResult]:
+    return [_OK if reason is None else queue_pb2.EntryResult(ok=False, error=entry_error(reason)) for reason in outcomes]
+
+
+def config_to_proto(config: QueueConfig) -> queue_pb2.QueueConfig:
+    return queue_pb2.QueueConfig(
+        name=config.name,
+        shards=config.shards,
+        fifo=config.fifo,
+        visibility_timeout_ms=config.visibility_timeout_ms,
+        retention_ms=config.retention_ms,
+        max_message_bytes=config.max_message_bytes,
+        delivery_delay_ms=config.delivery_delay_ms,
+        dedup_window_ms=config.dedup_window_ms,
+        dead_letter_queue=config.dead_letter_queue,
+        max_receive_count=config.max_receive_count,
+        max_depth=config.max_depth,
+        nack_backoff_base_ms=config.nack_backoff_base_ms,
+        nack_backoff_max_ms=config.nack_backoff_max_ms,
+        journal_retention_ms=config.journal_retention_ms,
+        replicas=config.replicas,
+    )

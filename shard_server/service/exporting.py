@@ -1,0 +1,201 @@
+"""The ExportService servicer: read-only snapshots and journal reads for analytics.
+
+Each call holds one LMDB read transaction, so a snapshot is consistent while
+producers and consumers go on; the work runs in a thread, batch by batch,
+to keep the event loop free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import grpc
+
+from shard_server.domain.events import ChangeKind, DeliveryChanged, LogEntry, Purged, Removed, RemovalKind, Sent
+from shard_server.domain.messages import Delivery, DeliveryState, MessageRecord, format_message_id
+from shard_server.runtime.committing import wall_clock_ms
+from shard_server.runtime.hosting import HostedQueue, QueueHost
+from shard_server.service.errors import abort_with
+from shardq.api.v1 import export_pb2, export_pb2_grpc
+from shardq.errors import InvalidArgument, ShardqError
+
+Context = grpc.aio.ServicerContext[Any, Any]
+DEFAULT_BATCH = 1_000
+MAX_BATCH = 10_000
+
+_TYPE_BY_CHANGE = {
+    ChangeKind.RECEIVED: export_pb2.JOURNAL_EVENT_TYPE_RECEIVED,
+    ChangeKind.VISIBILITY_CHANGED: export_pb2.JOURNAL_EVENT_TYPE_VISIBILITY_CHANGED,
+    ChangeKind.RELEASED: export_pb2.JOURNAL_EVENT_TYPE_RELEASED,
+    ChangeKind.DEAD_LETTERED: export_pb2.JOURNAL_EVENT_TYPE_DEAD_LETTERED,
+}
+_TYPE_BY_REMOVAL = {
+    RemovalKind.DELETED: export_pb2.JOURNAL_EVENT_TYPE_DELETED,
+    RemovalKind.EXPIRED: export_pb2.JOURNAL_EVENT_TYPE_EXPIRED,
+    RemovalKind.DEAD_LETTER_DELIVERED: export_pb2.JOURNAL_EVENT_TYPE_DEAD_LETTER_DELIVERED,
+}
+
+
+def message_state(delivery: Delivery, now_ms: int) -> export_pb2.MessageState.ValueType:
+    if delivery.state == DeliveryState.DEAD_LETTER_PENDING:
+        return export_pb2.MESSAGE_STATE_DEAD_LETTER_PENDING
+    if delivery.state == DeliveryState.CLAIMED and delivery.visible_at_ms > now_ms:
+        return export_pb2.MESSAGE_STATE_IN_FLIGHT
+    if delivery.state == DeliveryState.READY and delivery.visible_at_ms > now_ms:
+        return export_pb2.MESSAGE_STATE_DELAYED
+    return export_pb2.MESSAGE_STATE_VISIBLE
+
+
+def exported_message(
+    shard: int, record: MessageRecord, delivery: Delivery, *, include_body: bool, now_ms: int
+) -> export_pb2.ExportedMessage:
+    return export_pb2.ExportedMessage(
+        shard=shard,
+        seq=record.seq,
+        message_id=format_message_id(sent_at_ms=record.sent_at_ms, shard=shard, seq=record.seq),
+        body=record.body if include_body else b"",
+        size=len(record.body),
+        attributes=record.attributes,
+        group_id=record.group_id,
+        dedup_id=record.dedup_id,
+        sent_at_ms=record.sent_at_ms,
+        receive_count=delivery.receive_count,
+        first_received_at_ms=delivery.first_received_at_ms,
+        last_received_at_ms=delivery.last_received_at_ms,
+        visible_at_ms=delivery.visible_at_ms,
+        state=message_state(delivery, now_ms),
+    )
+
+
+def journal_events(shard: int, entry: LogEntry) -> Iterator[export_pb2.JournalEvent]:
+    """Flatten one log entry into lifecycle events (dedup pruning is not one)."""
+    common = {"log_index": entry.index, "epoch": entry.epoch, "at_ms": entry.at_ms, "shard": shard}
+    for event in entry.events:
+        if isinstance(event, Sent):
+            record = event.record
+            yield export_pb2.JournalEvent(
+                **common,
+                type=export_pb2.JOURNAL_EVENT_TYPE_SENT,
+                seq=record.seq,
+                message_id=format_message_id(sent_at_ms=record.sent_at_ms, shard=shard, seq=record.seq),
+                sent_at_ms=record.sent_at_ms,
+                size=len(record.body),
+                visible_at_ms=event.delivery.visible_at_ms,
+                group_id=record.group_id,
+                source_queue=record.source_queue,
+            )
+        elif isinstance(event, DeliveryChanged):
+            delivery = event.delivery
+            yield export_pb2.JournalEvent(
+                **common,
+                type=_TYPE_BY_CHANGE[event.kind],
+                seq=delivery.seq,
+                message_id=format_message_id(sent_at_ms=delivery.sent_at_ms, shard=shard, seq=delivery.seq),
+                sent_at_ms=delivery.sent_at_ms,
+                receive_count=delivery.receive_count,
+                visible_at_ms=delivery.visible_at_ms,
+                reason=event.reason,
+            )
+        elif isinstance(event, Removed):
+            yield export_pb2.JournalEvent(
+                **common,
+                type=_TYPE_BY_REMOVAL[event.kind],
+                seq=event.seq,
+                message_id=format_message_id(sent_at_ms=event.sent_at_ms, shard=shard, seq=event.seq),
+                sent_at_ms=event.sent_at_ms,
+            )
+        elif isinstance(event, Purged):
+            yield export_pb2.JournalEvent(**common, type=export_pb2.JOURNAL_EVENT_TYPE_PURGED, count=event.count)
+
+
+def _batch_size(requested: int) -> int:
+    if requested > MAX_BATCH:
+        raise InvalidArgument("batch_size", f"at most {MAX_BATCH}")
+    return requested or DEFAULT_BATCH
+
+
+class ExportServicer(export_pb2_grpc.ExportServiceServicer):
+    def __init__(self, host: QueueHost) -> None:
+        self.host = host
+
+    def _queue_and_shard(self, queue_name: str, shard: int) -> HostedQueue:
+        queue = self.host.get(queue_name)
+        if shard >= len(queue.shards):
+            raise InvalidArgument("shard", f"queue {queue_name!r} has {len(queue.shards)} shards")
+        return queue
+
+    async def ExportMessages(
+        self, request: export_pb2.ExportMessagesRequest, context: Context
+    ) -> AsyncIterator[export_pb2.ExportedMessageBatch]:
+        try:
+            queue = self._queue_and_shard(request.queue, request.shard)
+            size = _batch_size(request.batch_size)
+        except ShardqError as error:
+            await abort_with(context, error)
+            return
+        environment = queue.shards[request.shard].environment
+        now_ms = wall_clock_ms()
+        with environment.read() as tx:
+            snapshot_index = tx.last_index()
+            rows = tx.iter_messages()
+
+            def next_batch() -> list[export_pb2.ExportedMessage]:
+                batch = []
+                for record, delivery in rows:
+                    batch.append(
+                        exported_message(
+                            request.shard, record, delivery, include_body=request.include_body, now_ms=now_ms
+                        )
+                    )
+                    if len(batch) >= size:
+                        break
+                return batch
+
+            while batch := await asyncio.to_thread(next_batch):
+                yield export_pb2.ExportedMessageBatch(messages=batch, snapshot_log_index=snapshot_index)
+
+    async def ReadJournal(
+        self, request: export_pb2.ReadJournalRequest, context: Context
+    ) -> AsyncIterator[export_pb2.JournalBatch]:
+        try:
+            queue = self._queue_and_shard(request.queue, request.shard)
+            size = _batch_size(request.batch_size)
+        except ShardqError as error:
+            await abort_with(context, error)
+            return
+        environment = queue.shards[request.shard].environment
+        with environment.read() as tx:
+            end = request.to_index or tx.last_index() + 1
+            start = max(request.from_index, tx.first_log_index())
+            entries = tx.iter_log(from_index=start, to_index=end)
+
+            def next_batch() -> tuple[list[export_pb2.JournalEvent], int]:
+                events: list[export_pb2.JournalEvent] = []
+                last = 0
+                for entry in entries:
+                    events.extend(journal_events(request.shard, entry))
+                    last = entry.index
+                    if len(events) >= size:
+                        break
+                return events, last
+
+            while True:
+                events, last = await asyncio.to_thread(next_batch)
+                if not last:
+                    break
+                yield export_pb2.JournalBatch(events=events, next_index=last + 1)
+
+    async def GetJournalBounds(
+        self, request: export_pb2.GetJournalBoundsRequest, context: Context
+    ) -> export_pb2.JournalBounds:
+        try:
+            queue = self._queue_and_shard(request.queue, request.shard)
+        except ShardqError as error:
+            await abort_with(context, error)
+            raise
+        with queue.shards[request.shard].environment.read() as tx:
+            return export_pb2.JournalBounds(
+                first_index=tx.first_log_index(), last_index=tx.last_index(), shards=len(queue.shards)
+            )

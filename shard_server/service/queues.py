@@ -1,0 +1,329 @@
+"""The QueueService servicer: unary SQS-style calls plus producer and consumer streams."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from shard_server import metrics
+from shard_server.domain.validation import (
+    resolve_visibility_timeout,
+    validate_batch_size,
+    validate_receipts,
+    validate_receive,
+)
+from shard_server.runtime import background
+from shard_server.runtime.committing import wall_clock_ms
+from shard_server.runtime.hosting import QueueHost
+from shard_server.service.converting import (
+    config_to_proto,
+    entry_results_to_proto,
+    messages_from_proto,
+    received_to_proto,
+    send_response_to_proto,
+)
+from shard_server.service.errors import abort_with, stream_error
+from shardq.api.v1 import queue_pb2, queue_pb2_grpc
+from shardq.errors import InvalidArgument, ShardqError
+from shardq.queues import MAX_RECEIVE_BATCH
+
+Request = TypeVar("Request")
+Response = TypeVar("Response")
+Context = grpc.aio.ServicerContext[Any, Any]
+
+# Streams: how many producer batches one stream may have in flight, and how
+# long a consumer stream waits in one receive before looking at its credits again.
+SEND_STREAM_IN_FLIGHT = 256
+CONSUME_POLL_MS = 1_000
+
+
+def unary(method: str) -> Callable[
+    [Callable[[Any, Request, Context], Awaitable[Response]]], Callable[[Any, Request, Context], Awaitable[Response]]
+]:
+    """Time the call and turn a ShardqError into a status with ErrorInfo."""
+    histogram = metrics.REQUEST_SECONDS.labels(method)
+
+    def decorate(
+        handler: Callable[[Any, Request, Context], Awaitable[Response]],
+    ) -> Callable[[Any, Request, Context], Awaitable[Response]]:
+        @functools.wraps(handler)
+        async def wrapper(self: Any, request: Request, context: Context) -> Response:
+            started = time.perf_counter()
+            try:
+                return await handler(self, request, context)
+            except ShardqError as error:
+                await abort_with(context, error)
+                raise  # unreachable: abort raises
+            finally:
+                histogram.observe(time.perf_counter() - started)
+
+        return wrapper
+
+    return decorate
+
+
+class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
+    def __init__(self, host: QueueHost) -> None:
+        self.host = host
+
+    async def _send(self, request: queue_pb2.SendMessagesRequest) -> queue_pb2.SendMessagesResponse:
+        queue = self.host.get(request.queue)
+        entries = await queue.send(messages_from_proto(queue.config, request.messages))
+        return send_response_to_proto(entries)
+
+    @unary("SendMessages")
+    async def SendMessages(
+        self, request: queue_pb2.SendMessagesRequest, context: Context
+    ) -> queue_pb2.SendMessagesResponse:
+        return await self._send(request)
+
+    @unary("ReceiveMessages")
+    async def ReceiveMessages(
+        self, request: queue_pb2.ReceiveMessagesRequest, context: Context
+    ) -> queue_pb2.ReceiveMessagesResponse:
+        queue = self.host.get(request.queue)
+        visibility = validate_receive(
+            queue.config,
+            max_messages=request.max_messages,
+            visibility_timeout_ms=(
+                request.visibility_timeout_ms if request.HasField("visibility_timeout_ms") else None
+            ),
+            wait_ms=request.wait_time_ms,
+        )
+        claimed = await queue.receive(
+            max_messages=request.max_messages, visibility_timeout_ms=visibility, wait_ms=request.wait_time_ms
+        )
+        return received_to_proto(claimed)
+
+    @unary("DeleteMessages")
+    async def DeleteMessages(
+        self, request: queue_pb2.DeleteMessagesRequest, context: Context
+    ) -> queue_pb2.DeleteMessagesResponse:
+        queue = self.host.get(request.queue)
+        validate_receipts("receipts", request.receipts)
+        outcomes = await queue.delete(list(request.receipts))
+        return queue_pb2.DeleteMessagesResponse(results=entry_results_to_proto(outcomes))
+
+    @unary("ChangeVisibility")
+    async def ChangeVisibility(
+        self, request: queue_pb2.ChangeVisibilityRequest, context: Context
+    ) -> queue_pb2.ChangeVisibilityResponse:
+        queue = self.host.get(request.queue)
+        validate_batch_size("changes", len(request.changes), MAX_RECEIVE_BATCH)
+        changes = [
+            (
+                change.receipt,
+                resolve_visibility_timeout(
+                    queue.config, f"changes[{index}].visibility_timeout_ms", change.visibility_timeout_ms
+                ),
+            )
+            for index, change in enumerate(request.changes)
+        ]
+        outcomes = await queue.change_visibility(changes)
+        return queue_pb2.ChangeVisibilityResponse(results=entry_results_to_proto(outcomes))
+
+    @unary("ReleaseMessages")
+    async def ReleaseMessages(
+        self, request: queue_pb2.ReleaseMessagesRequest, context: Context
+    ) -> queue_pb2.ReleaseMessagesResponse:
+        queue = self.host.get(request.queue)
+        validate_receipts("receipts", request.receipts)
+        outcomes = await queue.release(list(request.receipts))
+        return queue_pb2.ReleaseMessagesResponse(results=entry_results_to_proto(outcomes))
+
+    @unary("PurgeQueue")
+    async def PurgeQueue(self, request: queue_pb2.PurgeQueueRequest, context: Context) -> queue_pb2.PurgeQueueResponse:
+        return queue_pb2.PurgeQueueResponse(purged=await self.host.get(request.queue).purge())
+
+    @unary("GetQueueAttributes")
+    async def GetQueueAttributes(
+        self, request: queue_pb2.GetQueueAttributesRequest, context: Context
+    ) -> queue_pb2.QueueAttributes:
+        queue = self.host.get(request.queue)
+        # Counting scans the index past `now`: keep it off the event loop.
+        stats = await asyncio.to_thread(queue.stats)
+        shards = [
+            queue_pb2.ShardAttributes(
+                shard=index,
+                visible=s.visible,
+                in_flight=s.in_flight,
+                delayed=s.delayed,
+                dead_letter_pending=s.dead_letter_pending,
+                oldest_sent_at_ms=s.oldest_sent_at_ms,
+                commit_index=s.last_index,
+                epoch=s.epoch,
+            )
+            for index, s in enumerate(stats)
+        ]
+        oldest = min((s.oldest_sent_at_ms for s in stats if s.oldest_sent_at_ms), default=0)
+        return queue_pb2.QueueAttributes(
+            queue=queue.config.name,
+            visible=sum(s.visible for s in stats),
+            in_flight=sum(s.in_flight for s in stats),
+            delayed=sum(s.delayed for s in stats),
+            dead_letter_pending=sum(s.dead_letter_pending for s in stats),
+            oldest_sent_at_ms=oldest,
+            oldest_age_ms=max(wall_clock_ms() - oldest, 0) if oldest else 0,
+            shards=shards,
+            config=config_to_proto(queue.config),
+        )
+
+    @unary("DescribeQueue")
+    async def DescribeQueue(
+        self, request: queue_pb2.DescribeQueueRequest, context: Context
+    ) -> queue_pb2.QueueDescription:
+        queue = self.host.get(request.queue)
+        return queue_pb2.QueueDescription(
+            config=config_to_proto(queue.config),
+            shards=[
+                queue_pb2.ShardRoute(shard=shard.index, leader_address=self.host.advertised_address, epoch=shard.epoch)
+                for shard in queue.shards
+            ],
+        )
+
+    @unary("ListQueues")
+    async def ListQueues(self, request: queue_pb2.ListQueuesRequest, context: Context) -> queue_pb2.ListQueuesResponse:
+        return queue_pb2.ListQueuesResponse(queues=sorted(self.host.queues))
+
+    async def Redrive(
+        self, request: queue_pb2.RedriveRequest, context: Context
+    ) -> AsyncIterator[queue_pb2.RedriveProgress]:
+        try:
+            async for progress in background.redrive(
+                self.host,
+                source=request.source,
+                destination=request.destination,
+                rate_per_second=request.rate_per_second,
+                max_messages=request.max_messages,
+            ):
+                yield queue_pb2.RedriveProgress(moved=progress.moved, remaining=progress.remaining, done=progress.done)
+        except ShardqError as error:
+            await abort_with(context, error)
+
+    async def SendStream(
+        self, request_iterator: AsyncIterator[queue_pb2.SendStreamRequest], context: Context
+    ) -> AsyncIterator[queue_pb2.SendStreamResponse]:
+        histogram = metrics.REQUEST_SECONDS.labels("SendStream")
+        answers: asyncio.Queue[queue_pb2.SendStreamResponse | None] = asyncio.Queue()
+        slots = asyncio.Semaphore(SEND_STREAM_IN_FLIGHT)
+        pending: set[asyncio.Task[None]] = set()
+
+        async def answer(request: queue_pb2.SendStreamRequest) -> None:
+            started = time.perf_counter()
+            try:
+                response = await self._send(request.batch)
+                answers.put_nowait(queue_pb2.SendStreamResponse(request_id=request.request_id, response=response))
+            except ShardqError as error:
+                answers.put_nowait(
+                    queue_pb2.SendStreamResponse(request_id=request.request_id, error=stream_error(error))
+                )
+            finally:
+                slots.release()
+                histogram.observe(time.perf_counter() - started)
+
+        async def read_requests() -> None:
+            try:
+                async for request in request_iterator:
+                    await slots.acquire()
+                    task = asyncio.create_task(answer(request))
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+                if pending:
+                    await asyncio.wait(set(pending))
+            finally:
+                answers.put_nowait(None)
+
+        reader = asyncio.create_task(read_requests())
+        try:
+            while (response := await answers.get()) is not None:
+                yield response
+        finally:
+            reader.cancel()
+            for task in list(pending):
+                task.cancel()
+
+    async def ConsumeStream(
+        self, request_iterator: AsyncIterator[queue_pb2.ConsumeRequest], context: Context
+    ) -> AsyncIterator[queue_pb2.ConsumeResponse]:
+        try:
+            first = await anext(aiter(request_iterator))
+        except StopAsyncIteration:
+            return
+        try:
+            if first.WhichOneof("kind") != "start":
+                raise InvalidArgument("start", "the first message of a consume stream must be start")
+            queue = self.host.get(first.start.queue)
+            visibility = resolve_visibility_timeout(
+                queue.config,
+                "start.visibility_timeout_ms",
+                first.start.visibility_timeout_ms if first.start.HasField("visibility_timeout_ms") else None,
+            )
+            max_batch = first.start.max_batch or 10
+            if not 1 <= max_batch <= MAX_RECEIVE_BATCH:
+                raise InvalidArgument("start.max_batch", f"must be 1..{MAX_RECEIVE_BATCH}")
+        except ShardqError as error:
+            await abort_with(context, error)
+            return
+
+        outgoing: asyncio.Queue[queue_pb2.ConsumeResponse | None] = asyncio.Queue()
+        credits = 0
+        credit_granted = asyncio.Event()
+        acks: set[asyncio.Task[None]] = set()
+
+        async def acknowledge(ack: queue_pb2.Acknowledge) -> None:
+            deleted = await queue.delete(list(ack.receipts)) if ack.receipts else []
+            released = await queue.release(list(ack.release)) if ack.release else []
+            result = queue_pb2.AckResult(
+                ack_id=ack.ack_id,
+                deleted=entry_results_to_proto(deleted),
+                released=entry_results_to_proto(released),
+            )
+            outgoing.put_nowait(queue_pb2.ConsumeResponse(ack=result))
+
+        async def read_requests() -> None:
+            nonlocal credits
+            try:
+                async for request in request_iterator:
+                    kind = request.WhichOneof("kind")
+                    if kind == "credits":
+                        credits += request.credits
+                        credit_granted.set()
+                    elif kind == "ack":
+                        task = asyncio.create_task(acknowledge(request.ack))
+                        acks.add(task)
+                        task.add_done_callback(acks.discard)
+                if acks:
+                    await asyncio.wait(set(acks))
+            finally:
+                outgoing.put_nowait(None)
+
+        async def push_messages() -> None:
+            nonlocal credits
+            while True:
+                if credits <= 0:
+                    credit_granted.clear()
+                    await credit_granted.wait()
+                    continue
+                claimed = await queue.receive(
+                    max_messages=min(credits, max_batch), visibility_timeout_ms=visibility, wait_ms=CONSUME_POLL_MS
+                )
+                if claimed:
+                    credits -= len(claimed)
+                    outgoing.put_nowait(queue_pb2.ConsumeResponse(messages=received_to_proto(claimed)))
+
+        reader = asyncio.create_task(read_requests())
+        pusher = asyncio.create_task(push_messages())
+        try:
+            while (response := await outgoing.get()) is not None:
+                yield response
+        finally:
+            pusher.cancel()
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pusher

@@ -1,0 +1,194 @@
+"""Binary encodings of records, delivery states and log entries (struct, no pickle).
+
+Layouts are versioned by the log entry's leading byte; decoding a layout we do
+not know fails loudly rather than guessing.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from shard_server.domain.events import (
+    ChangeKind,
+    DedupPruned,
+    DeliveryChanged,
+    Event,
+    LogEntry,
+    Purged,
+    RemovalKind,
+    Removed,
+    Sent,
+)
+from shard_server.domain.messages import Delivery, DeliveryState, MessageRecord
+
+_RECORD_HEAD = struct.Struct(">QqHHHHI")  # seq, sent_at, len group, dedup, source, n attrs, body len
+_ATTRIBUTE_HEAD = struct.Struct(">HI")
+_DELIVERY = struct.Struct(">BIqqqqQQ")
+_ENTRY_HEAD = struct.Struct(">BQQqI")  # layout version, epoch, index, at_ms, event count
+_EVENT_LENGTH = struct.Struct(">I")
+_SENT_HEAD = struct.Struct(">BQqI")  # tag, seq, dedup expiry, record length
+_CHANGED_HEAD = struct.Struct(">BBQH")  # tag, kind, seq, reason length
+_REMOVED = struct.Struct(">BBQq")
+_PURGED = struct.Struct(">BQQ")
+_PRUNED = struct.Struct(">Bq")
+
+ENTRY_LAYOUT = 1
+TAG_SENT = 1
+TAG_CHANGED = 2
+TAG_REMOVED = 3
+TAG_PURGED = 4
+TAG_PRUNED = 5
+
+
+class CorruptEntry(ValueError):
+    pass
+
+
+def encode_record(record: MessageRecord) -> bytes:
+    group = record.group_id.encode()
+    dedup = record.dedup_id.encode()
+    source = record.source_queue.encode()
+    parts = [
+        _RECORD_HEAD.pack(
+            record.seq,
+            record.sent_at_ms,
+            len(group),
+            len(dedup),
+            len(source),
+            len(record.attributes),
+            len(record.body),
+        ),
+        group,
+        dedup,
+        source,
+    ]
+    for key, value in record.attributes.items():
+        key_bytes, value_bytes = key.encode(), value.encode()
+        parts.append(_ATTRIBUTE_HEAD.pack(len(key_bytes), len(value_bytes)))
+        parts.append(key_bytes)
+        parts.append(value_bytes)
+    parts.append(record.body)
+    return b"".join(parts)
+
+
+def decode_record(data: bytes | memoryview) -> MessageRecord:
+    raw = bytes(data)
+    seq, sent_at, group_len, dedup_len, source_len, attribute_count, body_len = _RECORD_HEAD.unpack_from(raw)
+    position = _RECORD_HEAD.size
+    group = raw[position : position + group_len].decode()
+    position += group_len
+    dedup = raw[position : position + dedup_len].decode()
+    position += dedup_len
+    source = raw[position : position + source_len].decode()
+    position += source_len
+    attributes: dict[str, str] = {}
+    for _ in range(attribute_count):
+        key_len, value_len = _ATTRIBUTE_HEAD.unpack_from(raw, position)
+        position += _ATTRIBUTE_HEAD.size
+        key = raw[position : position + key_len].decode()
+        position += key_len
+        attributes[key] = raw[position : position + value_len].decode()
+        position += value_len
+    body = raw[position : position + body_len]
+    if len(body) != body_len:
+        raise CorruptEntry(f"record {seq}: body truncated")
+    return MessageRecord(seq, sent_at, body, attributes, group, dedup, source)
+
+
+def record_body_size(data: bytes | memoryview) -> int:
+    return int(_RECORD_HEAD.unpack_from(data)[6])
+
+
+def encode_delivery(delivery: Delivery) -> bytes:
+    return _DELIVERY.pack(
+        delivery.state,
+        delivery.receive_count,
+        delivery.sent_at_ms,
+        delivery.visible_at_ms,
+        delivery.first_received_at_ms,
+        delivery.last_received_at_ms,
+        delivery.claim_epoch,
+        delivery.claim_token,
+    )
+
+
+def decode_delivery(seq: int, data: bytes | memoryview) -> Delivery:
+    state, count, sent_at, visible_at, first, last, epoch, token = _DELIVERY.unpack(data)
+    return Delivery(seq, DeliveryState(state), sent_at, visible_at, count, first, last, epoch, token)
+
+
+def encode_event(event: Event) -> bytes:
+    if isinstance(event, Sent):
+        record = encode_record(event.record)
+        return (
+            _SENT_HEAD.pack(TAG_SENT, event.record.seq, event.dedup_expires_at_ms, len(record))
+            + record
+            + encode_delivery(event.delivery)
+        )
+    if isinstance(event, DeliveryChanged):
+        reason = event.reason.encode()
+        return (
+            _CHANGED_HEAD.pack(TAG_CHANGED, event.kind, event.delivery.seq, len(reason))
+            + reason
+            + encode_delivery(event.delivery)
+        )
+    if isinstance(event, Removed):
+        return _REMOVED.pack(TAG_REMOVED, event.kind, event.seq, event.sent_at_ms)
+    if isinstance(event, Purged):
+        return _PURGED.pack(TAG_PURGED, event.up_to_seq, event.count)
+    if isinstance(event, DedupPruned):
+        return _PRUNED.pack(TAG_PRUNED, event.up_to_ms)
+    raise TypeError(f"unknown event {event!r}")  # pragma: no cover
+
+
+def decode_event(data: bytes) -> Event:
+    tag = data[0]
+    if tag == TAG_SENT:
+        _, seq, expires, record_len = _SENT_HEAD.unpack_from(data)
+        start = _SENT_HEAD.size
+        record = decode_record(data[start : start + record_len])
+        return Sent(record, decode_delivery(seq, data[start + record_len :]), expires)
+    if tag == TAG_CHANGED:
+        _, kind, seq, reason_len = _CHANGED_HEAD.unpack_from(data)
+        start = _CHANGED_HEAD.size
+        reason = data[start : start + reason_len].decode()
+        return DeliveryChanged(ChangeKind(kind), decode_delivery(seq, data[start + reason_len :]), reason)
+    if tag == TAG_REMOVED:
+        _, kind, seq, sent_at = _REMOVED.unpack(data)
+        return Removed(RemovalKind(kind), seq, sent_at)
+    if tag == TAG_PURGED:
+        _, up_to, count = _PURGED.unpack(data)
+        return Purged(up_to, count)
+    if tag == TAG_PRUNED:
+        _, up_to_ms = _PRUNED.unpack(data)
+        return DedupPruned(up_to_ms)
+    raise CorruptEntry(f"unknown event tag {tag}")
+
+
+def encode_entry(*, epoch: int, index: int, at_ms: int, encoded_events: list[bytes]) -> bytes:
+    parts = [_ENTRY_HEAD.pack(ENTRY_LAYOUT, epoch, index, at_ms, len(encoded_events))]
+    for encoded in encoded_events:
+        parts.append(_EVENT_LENGTH.pack(len(encoded)))
+        parts.append(encoded)
+    return b"".join(parts)
+
+
+def decode_entry_head(data: bytes | memoryview) -> tuple[int, int, int, int]:
+    """(epoch, index, at_ms, event count) without decoding the events."""
+    layout, epoch, index, at_ms, count = _ENTRY_HEAD.unpack_from(data)
+    if layout != ENTRY_LAYOUT:
+        raise CorruptEntry(f"log entry layout {layout} is not supported")
+    return epoch, index, at_ms, count
+
+
+def decode_entry(data: bytes | memoryview) -> LogEntry:
+    raw = bytes(data)
+    epoch, index, at_ms, count = decode_entry_head(raw)
+    position = _ENTRY_HEAD.size
+    events: list[Event] = []
+    for _ in range(count):
+        (length,) = _EVENT_LENGTH.unpack_from(raw, position)
+        position += _EVENT_LENGTH.size
+        events.append(decode_event(raw[position : position + length]))
+        position += length
+    return LogEntry(epoch, index, at_ms, tuple(events))

@@ -1,0 +1,69 @@
+"""Every LMDB key layout in one place.
+
+Integers are fixed-width big-endian, so LMDB's byte order is numeric order:
+the delivery index sorts by (visible_at_ms, seq) and the log by index.
+"""
+
+from __future__ import annotations
+
+import struct
+
+U64 = struct.Struct(">Q")
+PAIR = struct.Struct(">QQ")
+
+# Named databases of one shard environment.
+DB_MESSAGES = b"messages"  # seq -> MessageRecord
+DB_DELIVERY = b"delivery"  # seq -> Delivery
+DB_INDEX = b"index"  # (visible_at_ms, seq) -> b""   READY and CLAIMED messages
+DB_DEAD_LETTERS = b"dead_letters"  # seq -> b""      DEAD_LETTER_PENDING messages
+DB_DEDUP = b"dedup"  # dedup id -> (seq, sent_at_ms, expires_at_ms)
+DB_DEDUP_EXPIRY = b"dedup_expiry"  # (expires_at_ms, dedup id) -> b""
+DB_GROUPS = b"groups"  # group id, NUL, seq -> b""
+DB_META = b"meta"  # name -> value
+DB_LOG = b"log"  # log index -> LogEntry
+ALL_DBS = (
+    DB_MESSAGES,
+    DB_DELIVERY,
+    DB_INDEX,
+    DB_DEAD_LETTERS,
+    DB_DEDUP,
+    DB_DEDUP_EXPIRY,
+    DB_GROUPS,
+    DB_META,
+    DB_LOG,
+)
+# Cleared together by a purge; dedup entries survive it, as SQS's do.
+MESSAGE_DBS = (DB_MESSAGES, DB_DELIVERY, DB_INDEX, DB_DEAD_LETTERS, DB_GROUPS)
+
+META_LAST_SEQ = b"last_seq"
+META_LAST_INDEX = b"last_index"
+META_EPOCH = b"epoch"
+META_IDENTITY = b"identity"  # queue name and shard number, checked on open
+
+DEDUP_VALUE = struct.Struct(">QqQ")
+
+
+def seq_key(seq: int) -> bytes:
+    return U64.pack(seq)
+
+
+def index_key(visible_at_ms: int, seq: int) -> bytes:
+    return PAIR.pack(visible_at_ms, seq)
+
+
+def parse_index_key(key: bytes) -> tuple[int, int]:
+    visible_at, seq = PAIR.unpack(key)
+    return visible_at, seq
+
+
+def dedup_expiry_key(expires_at_ms: int, dedup_id: str) -> bytes:
+    return U64.pack(expires_at_ms) + dedup_id.encode()
+
+
+def group_prefix(group_id: str) -> bytes:
+    # Group ids are printable, so NUL cannot occur inside one and ends the prefix.
+    return group_id.encode() + b"\0"
+
+
+def group_key(group_id: str, seq: int) -> bytes:
+    return group_prefix(group_id) + U64.pack(seq)

@@ -1,0 +1,379 @@
+"""One LMDB environment per shard replica, and the ShardStore over one transaction.
+
+A write transaction holds one batch of requests (group commit): their effects
+and the log entry recording them are committed together with one fsync.
+LMDB write transactions belong to the thread that opened them, so callers run
+`ShardEnvironment.write` on the shard's own writer thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+import lmdb
+
+from shard_server.domain.events import Event, LogEntry
+from shard_server.domain.messages import Delivery, DeliveryState, MessageRecord
+from shard_server.storage import keys
+from shard_server.storage.codecs import (
+    decode_delivery,
+    decode_entry,
+    decode_entry_head,
+    decode_record,
+    encode_delivery,
+    encode_entry,
+    encode_event,
+    encode_record,
+)
+
+T = TypeVar("T")
+
+DEFAULT_MAP_SIZE = 64 << 30
+# Index values say whether the message is claimed, so counting in-flight and
+# delayed messages reads the index alone.
+_INDEX_READY = b"\0"
+_INDEX_CLAIMED = b"\1"
+
+
+class IdentityMismatch(RuntimeError):
+    """The data directory holds another queue's or shard's data."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ShardStats:
+    messages: int
+    visible: int
+    in_flight: int
+    delayed: int
+    dead_letter_pending: int
+    oldest_sent_at_ms: int
+    last_index: int
+    epoch: int
+    map_used_bytes: int
+    map_size_bytes: int
+
+
+class ShardEnvironment:
+    def __init__(self, path: pathlib.Path, *, queue: str, shard: int, map_size: int = DEFAULT_MAP_SIZE) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.env = lmdb.open(
+            str(path),
+            map_size=map_size,
+            max_dbs=len(keys.ALL_DBS),
+            max_readers=512,
+            # Read transactions are used from executor threads and generators.
+            lock=True,
+            sync=True,
+            metasync=True,
+        )
+        self.dbs = {name: self.env.open_db(name) for name in keys.ALL_DBS}
+        identity = json.dumps({"queue": queue, "shard": shard}).encode()
+        with self.env.begin(write=True) as txn:
+            stored = txn.get(keys.META_IDENTITY, db=self.dbs[keys.DB_META])
+            if stored is None:
+                txn.put(keys.META_IDENTITY, identity, db=self.dbs[keys.DB_META])
+            elif stored != identity:
+                raise IdentityMismatch(f"{path} holds {stored.decode()}, not queue {queue!r} shard {shard}")
+
+    def close(self) -> None:
+        self.env.close()
+
+    def write(self, work: Callable[[LmdbShardTransaction], T], *, epoch: int, at_ms: int) -> tuple[T, int]:
+        """Run `work` in one write transaction and commit it with its log entry.
+
+        Returns the work's result and the log index written (0 if no events).
+        """
+        with self.env.begin(write=True) as txn:
+            tx = LmdbShardTransaction(txn, self.dbs)
+            result = work(tx)
+            index = tx.write_log_entry(epoch=epoch, at_ms=at_ms)
+        return result, index
+
+    @contextmanager
+    def read(self) -> Iterator[LmdbShardTransaction]:
+        with self.env.begin(write=False, buffers=False) as txn:
+            yield LmdbShardTransaction(txn, self.dbs)
+
+    def epoch(self) -> int:
+        with self.read() as tx:
+            return tx.meta_int(keys.META_EPOCH)
+
+    def set_epoch(self, epoch: int) -> None:
+        with self.env.begin(write=True) as txn:
+            txn.put(keys.META_EPOCH, keys.U64.pack(epoch), db=self.dbs[keys.DB_META])
+
+    def stats(self, *, now_ms: int) -> ShardStats:
+        with self.read() as tx:
+            return tx.stats(now_ms=now_ms, map_size=self.env.info()["map_size"])
+
+    def copy_to(self, destination: pathlib.Path) -> None:
+        """A consistent, compacted copy of the whole shard (bootstrap and backup)."""
+        destination.mkdir(parents=True, exist_ok=True)
+        self.env.copy(str(destination), compact=True)
+
+
+class LmdbShardTransaction:
+    """ShardStore over one LMDB transaction (see shard_server.domain.store)."""
+
+    def __init__(self, txn: lmdb.Transaction, dbs: dict[bytes, lmdb._Database]) -> None:
+        self.txn = txn
+        self._messages = dbs[keys.DB_MESSAGES]
+        self._delivery = dbs[keys.DB_DELIVERY]
+        self._index = dbs[keys.DB_INDEX]
+        self._dead = dbs[keys.DB_DEAD_LETTERS]
+        self._dedup = dbs[keys.DB_DEDUP]
+        self._dedup_expiry = dbs[keys.DB_DEDUP_EXPIRY]
+        self._groups = dbs[keys.DB_GROUPS]
+        self._meta = dbs[keys.DB_META]
+        self._log = dbs[keys.DB_LOG]
+        self._events: list[bytes] = []
+        self._last_seq: int | None = None
+
+    # -- meta --------------------------------------------------------------
+    def meta_int(self, name: bytes) -> int:
+        value = self.txn.get(name, db=self._meta)
+        return 0 if value is None else int(keys.U64.unpack(value)[0])
+
+    # -- reads -------------------------------------------------------------
+    def get_record(self, seq: int) -> MessageRecord | None:
+        data = self.txn.get(keys.seq_key(seq), db=self._messages)
+        return None if data is None else decode_record(data)
+
+    def get_delivery(self, seq: int) -> Delivery | None:
+        data = self.txn.get(keys.seq_key(seq), db=self._delivery)
+        return None if data is None else decode_delivery(seq, data)
+
+    def eligible(self, now_ms: int, *, after: tuple[int, int] | None, limit: int) -> list[tuple[int, int]]:
+        cursor = self.txn.cursor(db=self._index)
+        found: list[tuple[int, int]] = []
+        if after is None:
+            positioned = cursor.first()
+        else:
+            positioned = cursor.set_range(keys.index_key(after[0], after[1] + 1))
+        while positioned and len(found) < limit:
+            key = keys.parse_index_key(cursor.key())
+            if key[0] > now_ms:
+                break
+            found.append(key)
+            positioned = cursor.next()
+        return found
+
+    def next_visible_at(self) -> int | None:
+        """The earliest deadline or delay in the index: when a waiter should look again."""
+        cursor = self.txn.cursor(db=self._index)
+        if not cursor.first():
+            return None
+        return keys.parse_index_key(cursor.key())[0]
+
+    def oldest_messages(self, *, after_seq: int, limit: int) -> list[tuple[int, int]]:
+        cursor = self.txn.cursor(db=self._delivery)
+        found: list[tuple[int, int]] = []
+        positioned = cursor.set_range(keys.seq_key(after_seq + 1))
+        while positioned and len(found) < limit:
+            seq = keys.U64.unpack(cursor.key())[0]
+            found.append((seq, decode_delivery(seq, cursor.value()).sent_at_ms))
+            positioned = cursor.next()
+        return found
+
+    def message_count(self) -> int:
+        return int(self.txn.stat(self._messages)["entries"])
+
+    def last_seq(self) -> int:
+        if self._last_seq is None:
+            self._last_seq = self.meta_int(keys.META_LAST_SEQ)
+        return self._last_seq
+
+    def last_index(self) -> int:
+        return self.meta_int(keys.META_LAST_INDEX)
+
+    def dedup_lookup(self, dedup_id: str) -> tuple[int, int, int] | None:
+        data = self.txn.get(dedup_id.encode(), db=self._dedup)
+        if data is None:
+            return None
+        seq, sent_at, expires = keys.DEDUP_VALUE.unpack(data)
+        return seq, sent_at, expires
+
+    def first_group_member(self, group_id: str) -> int | None:
+        prefix = keys.group_prefix(group_id)
+        cursor = self.txn.cursor(db=self._groups)
+        if not cursor.set_range(prefix):
+            return None
+        key = cursor.key()
+        if not key.startswith(prefix) or len(key) != len(prefix) + 8:
+            return None
+        return int(keys.U64.unpack(key[len(prefix) :])[0])
+
+    def dead_letter_pending(self, *, limit: int) -> list[int]:
+        cursor = self.txn.cursor(db=self._dead)
+        found: list[int] = []
+        positioned = cursor.first()
+        while positioned and len(found) < limit:
+            found.append(int(keys.U64.unpack(cursor.key())[0]))
+            positioned = cursor.next()
+        return found
+
+    def iter_messages(self) -> Iterator[tuple[MessageRecord, Delivery]]:
+        """Every stored message in seq order (export snapshots)."""
+        cursor = self.txn.cursor(db=self._messages)
+        for key, value in cursor:
+            seq = keys.U64.unpack(key)[0]
+            delivery = self.get_delivery(seq)
+            if delivery is not None:
+                yield decode_record(value), delivery
+
+    def iter_log(self, *, from_index: int, to_index: int) -> Iterator[LogEntry]:
+        cursor = self.txn.cursor(db=self._log)
+        positioned = cursor.set_range(keys.U64.pack(from_index))
+        while positioned:
+            index = keys.U64.unpack(cursor.key())[0]
+            if index >= to_index:
+                break
+            yield decode_entry(cursor.value())
+            positioned = cursor.next()
+
+    def next_dedup_expiry(self) -> int | None:
+        cursor = self.txn.cursor(db=self._dedup_expiry)
+        if not cursor.first():
+            return None
+        return int(keys.U64.unpack(cursor.key()[:8])[0])
+
+    def first_log_entry_at_ms(self) -> int | None:
+        cursor = self.txn.cursor(db=self._log)
+        if not cursor.first():
+            return None
+        return decode_entry_head(cursor.value())[2]
+
+    def first_log_index(self) -> int:
+        cursor = self.txn.cursor(db=self._log)
+        if not cursor.first():
+            return self.last_index() + 1
+        return int(keys.U64.unpack(cursor.key())[0])
+
+    def stats(self, *, now_ms: int, map_size: int) -> ShardStats:
+        messages = self.message_count()
+        dead = int(self.txn.stat(self._dead)["entries"])
+        in_flight = delayed = 0
+        cursor = self.txn.cursor(db=self._index)
+        positioned = cursor.set_range(keys.index_key(now_ms + 1, 0))
+        while positioned:
+            if cursor.value() == _INDEX_CLAIMED:
+                in_flight += 1
+            else:
+                delayed += 1
+            positioned = cursor.next()
+        first = self.oldest_messages(after_seq=0, limit=1)
+        oldest = first[0][1] if first else 0
+        used = sum(
+            (stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]) * stat["psize"]
+            for stat in (self.txn.stat(db) for db in (self._messages, self._delivery, self._index, self._log))
+        )
+        return ShardStats(
+            messages=messages,
+            visible=max(messages - in_flight - delayed - dead, 0),
+            in_flight=in_flight,
+            delayed=delayed,
+            dead_letter_pending=dead,
+            oldest_sent_at_ms=oldest,
+            last_index=self.last_index(),
+            epoch=self.meta_int(keys.META_EPOCH),
+            map_used_bytes=used,
+            map_size_bytes=map_size,
+        )
+
+    # -- writes --------------------------------------------------------------
+    def put_record(self, record: MessageRecord) -> None:
+        self.txn.put(keys.seq_key(record.seq), encode_record(record), db=self._messages)
+
+    def delete_record(self, seq: int) -> None:
+        self.txn.delete(keys.seq_key(seq), db=self._messages)
+
+    def _unlink(self, delivery: Delivery) -> None:
+        if delivery.indexed:
+            self.txn.delete(keys.index_key(delivery.visible_at_ms, delivery.seq), db=self._index)
+        elif delivery.state == DeliveryState.DEAD_LETTER_PENDING:
+            self.txn.delete(keys.seq_key(delivery.seq), db=self._dead)
+
+    def put_delivery(self, delivery: Delivery, *, previous: Delivery | None) -> None:
+        if previous is not None:
+            self._unlink(previous)
+        seq = keys.seq_key(delivery.seq)
+        self.txn.put(seq, encode_delivery(delivery), db=self._delivery)
+        if delivery.indexed:
+            marker = _INDEX_CLAIMED if delivery.state == DeliveryState.CLAIMED else _INDEX_READY
+            self.txn.put(keys.index_key(delivery.visible_at_ms, delivery.seq), marker, db=self._index)
+        elif delivery.state == DeliveryState.DEAD_LETTER_PENDING:
+            self.txn.put(seq, b"", db=self._dead)
+
+    def delete_delivery(self, delivery: Delivery) -> None:
+        self._unlink(delivery)
+        self.txn.delete(keys.seq_key(delivery.seq), db=self._delivery)
+
+    def put_dedup(self, dedup_id: str, *, seq: int, sent_at_ms: int, expires_at_ms: int) -> None:
+        key = dedup_id.encode()
+        old = self.txn.get(key, db=self._dedup)
+        if old is not None:
+            self.txn.delete(keys.dedup_expiry_key(keys.DEDUP_VALUE.unpack(old)[2], dedup_id), db=self._dedup_expiry)
+        self.txn.put(key, keys.DEDUP_VALUE.pack(seq, sent_at_ms, expires_at_ms), db=self._dedup)
+        self.txn.put(keys.dedup_expiry_key(expires_at_ms, dedup_id), b"", db=self._dedup_expiry)
+
+    def prune_dedup(self, *, up_to_ms: int) -> None:
+        cursor = self.txn.cursor(db=self._dedup_expiry)
+        positioned = cursor.first()
+        while positioned:
+            key = cursor.key()
+            if keys.U64.unpack(key[:8])[0] > up_to_ms:
+                break
+            self.txn.delete(key[8:], db=self._dedup)
+            positioned = cursor.delete()
+
+    def add_group_member(self, group_id: str, seq: int) -> None:
+        self.txn.put(keys.group_key(group_id, seq), b"", db=self._groups)
+
+    def remove_group_member(self, group_id: str, seq: int) -> None:
+        self.txn.delete(keys.group_key(group_id, seq), db=self._groups)
+
+    def set_last_seq(self, seq: int) -> None:
+        self._last_seq = seq
+        self.txn.put(keys.META_LAST_SEQ, keys.U64.pack(seq), db=self._meta)
+
+    def clear_messages(self) -> None:
+        for db in (self._messages, self._delivery, self._index, self._dead, self._groups):
+            self.txn.drop(db, delete=False)
+
+    def record_event(self, event: Event) -> None:
+        self._events.append(encode_event(event))
+
+    # -- the log ---------------------------------------------------------------
+    def prune_log(self, *, before_ms: int, keep_after_index: int, limit: int) -> int:
+        """Drop up to `limit` log entries older than before_ms, never above keep_after_index.
+
+        Log pruning is this replica's bookkeeping, not a state change, so it
+        writes no log entry of its own.
+        """
+        removed = 0
+        cursor = self.txn.cursor(db=self._log)
+        positioned = cursor.first()
+        while positioned and removed < limit:
+            index = keys.U64.unpack(cursor.key())[0]
+            _, _, at_ms, _ = decode_entry_head(cursor.value())
+            if index > keep_after_index or at_ms >= before_ms:
+                break
+            positioned = cursor.delete()
+            removed += 1
+        return removed
+
+    def write_log_entry(self, *, epoch: int, at_ms: int) -> int:
+        if not self._events:
+            return 0
+        index = self.last_index() + 1
+        entry = encode_entry(epoch=epoch, index=index, at_ms=at_ms, encoded_events=self._events)
+        self.txn.put(keys.U64.pack(index), entry, db=self._log, append=True)
+        self.txn.put(keys.META_LAST_INDEX, keys.U64.pack(index), db=self._meta)
+        self._events = []
+        return index

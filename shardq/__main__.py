@@ -1,0 +1,3 @@
+from shardq.cli import main
+
+main()

@@ -1,0 +1,460 @@
+"""AsyncClient: every queue operation in batches, plus the streaming fast paths.
+
+A unary gRPC call costs enough that one Python client and server top out near
+4,500 calls/s, while a bidirectional stream carries about three times as many
+exchanges. So `send()` of single messages is batched transparently onto a
+producer stream, and `consume()` opens a consumer stream with credits and
+acknowledgements on the same stream; the unary SQS-style calls stay for
+everything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from typing import Any
+
+import grpc
+
+from shardq.api.v1 import queue_pb2, queue_pb2_grpc
+from shardq.errors import ShardqError, Unavailable
+from shardq.status import error_from_rpc, error_from_stream
+from shardq.types import (
+    EntryResult,
+    Message,
+    QueueAttributes,
+    ReceivedMessage,
+    RedriveProgress,
+    SendResult,
+    ShardAttributes,
+    ShardRoute,
+)
+
+DEFAULT_ENDPOINT = "localhost:7600"
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+]
+# Transparent batching: how many single sends ride in one batch, and how many
+# batches per queue may be in flight before new sends wait to join the next.
+MAX_AUTO_BATCH = 500
+MAX_BATCHES_IN_FLIGHT = 8
+
+
+def message_to_proto(message: Message) -> queue_pb2.MessageToSend:
+    proto = queue_pb2.MessageToSend(
+        body=message.body, attributes=message.attributes, group_id=message.group_id, dedup_id=message.dedup_id
+    )
+    if message.delay_ms is not None:
+        proto.delay_ms = message.delay_ms
+    return proto
+
+
+def send_results_from_proto(response: queue_pb2.SendMessagesResponse) -> list[SendResult]:
+    return [
+        SendResult(r.message_id, r.duplicate, r.shard, r.seq, r.error.reason, r.error.message)
+        for r in response.results
+    ]
+
+
+def received_from_proto(response: queue_pb2.ReceiveMessagesResponse) -> list[ReceivedMessage]:
+    return [
+        ReceivedMessage(
+            message_id=m.message_id,
+            body=m.body,
+            attributes=dict(m.attributes),
+            group_id=m.group_id,
+            dedup_id=m.dedup_id,
+            receipt=m.receipt,
+            receive_count=m.receive_count,
+            sent_at_ms=m.sent_at_ms,
+            first_received_at_ms=m.first_received_at_ms,
+            visible_until_ms=m.visible_until_ms,
+            shard=m.shard,
+            seq=m.seq,
+        )
+        for m in response.messages
+    ]
+
+
+def entry_results_from_proto(results: Iterable[queue_pb2.EntryResult]) -> list[EntryResult]:
+    return [EntryResult(r.ok, r.error.reason, r.error.message) for r in results]
+
+
+@dataclasses.dataclass(slots=True)
+class _PendingSend:
+    message: Message
+    future: asyncio.Future[SendResult]
+
+
+class ProducerStream:
+    """One SendStream: batches go out tagged with an id; answers come back by id."""
+
+    def __init__(self, stub: queue_pb2_grpc.QueueServiceStub) -> None:
+        self._requests: asyncio.Queue[queue_pb2.SendStreamRequest | None] = asyncio.Queue()
+        self._waiting: dict[int, asyncio.Future[queue_pb2.SendMessagesResponse]] = {}
+        self._ids = itertools.count(1)
+        self._call = stub.SendStream(self._request_iterator())
+        self._reader = asyncio.create_task(self._read_answers())
+
+    async def _request_iterator(self) -> AsyncIterator[queue_pb2.SendStreamRequest]:
+        while (request := await self._requests.get()) is not None:
+            yield request
+
+    async def _read_answers(self) -> None:
+        try:
+            async for answer in self._call:
+                future = self._waiting.pop(answer.request_id, None)
+                if future is None or future.done():
+                    continue
+                if answer.HasField("error"):
+                    future.set_exception(error_from_stream(answer.error))
+                else:
+                    future.set_result(answer.response)
+        except grpc.RpcError as error:
+            failure = error_from_rpc(error)
+            for future in self._waiting.values():
+                if not future.done():
+                    future.set_exception(failure)
+            self._waiting.clear()
+        except asyncio.CancelledError:
+            for future in self._waiting.values():
+                future.cancel()
+            raise
+
+    @property
+    def broken(self) -> bool:
+        return self._reader.done()
+
+    async def send(self, queue: str, messages: Sequence[queue_pb2.MessageToSend]) -> queue_pb2.SendMessagesResponse:
+        if self.broken:
+            raise Unavailable("the producer stream has closed")
+        request_id = next(self._ids)
+        future: asyncio.Future[queue_pb2.SendMessagesResponse] = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = future
+        self._requests.put_nowait(
+            queue_pb2.SendStreamRequest(
+                request_id=request_id, batch=queue_pb2.SendMessagesRequest(queue=queue, messages=messages)
+            )
+        )
+        return await future
+
+    async def close(self) -> None:
+        self._requests.put_nowait(None)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._reader), timeout=5)
+        except (TimeoutError, grpc.RpcError):
+            self._reader.cancel()
+        self._call.cancel()
+
+
+class _SendBatcher:
+    """Folds concurrent single sends to one queue into producer-stream batches."""
+
+    def __init__(self, client: AsyncClient, queue: str) -> None:
+        self._client = client
+        self._queue = queue
+        self._pending: list[_PendingSend] = []
+        self._in_flight = 0
+
+    def add(self, message: Message) -> asyncio.Future[SendResult]:
+        future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+        self._pending.append(_PendingSend(message, future))
+        if self._in_flight < MAX_BATCHES_IN_FLIGHT and len(self._pending) == 1:
+            # Let every send issued in this loop turn join the batch first.
+            asyncio.get_running_loop().call_soon(self._flush)
+        return future
+
+    def _flush(self) -> None:
+        while self._pending and self._in_flight < MAX_BATCHES_IN_FLIGHT:
+            batch, self._pending = self._pending[:MAX_AUTO_BATCH], self._pending[MAX_AUTO_BATCH:]
+            self._in_flight += 1
+            asyncio.get_running_loop().create_task(self._send(batch))
+
+    async def _send(self, batch: list[_PendingSend]) -> None:
+        try:
+            results = await self._client.send_messages_streamed(self._queue, [p.message for p in batch])
+        except ShardqError as error:
+            for pending in batch:
+                if not pending.future.done():
+                    pending.future.set_exception(error)
+        else:
+            for pending, result in zip(batch, results, strict=True):
+                if pending.future.done():
+                    continue
+                if result.ok:
+                    pending.future.set_result(result)
+                else:
+                    pending.future.set_exception(error_from_stream(
+                        queue_pb2.StreamError(reason=result.error_reason, message=result.error_message),
+                        queue=self._queue,
+                    ))
+        finally:
+            self._in_flight -= 1
+            self._flush()
+
+
+class AsyncClient:
+    """asyncio client for one shardq endpoint. Use `async with AsyncClient(...)`."""
+
+    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, channel: grpc.aio.Channel | None = None) -> None:
+        self.endpoint = endpoint
+        self._channel = channel or grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
+        self._stub = queue_pb2_grpc.QueueServiceStub(self._channel)
+        self._producer: ProducerStream | None = None
+        self._batchers: dict[str, _SendBatcher] = {}
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._producer is not None:
+            await self._producer.close()
+            self._producer = None
+        await self._channel.close()
+
+    @property
+    def stub(self) -> queue_pb2_grpc.QueueServiceStub:
+        return self._stub
+
+    async def _unary(self, method: Any, request: Any, *, queue: str = "", timeout: float | None = None) -> Any:
+        try:
+            return await method(request, timeout=timeout)
+        except grpc.RpcError as error:
+            raise error_from_rpc(error, queue=queue) from None
+
+    # -- sending -------------------------------------------------------------------
+    async def send_messages(self, queue: str, messages: Sequence[Message]) -> list[SendResult]:
+        """One SendMessages call; per-message results (some may carry an error)."""
+        request = queue_pb2.SendMessagesRequest(queue=queue, messages=[message_to_proto(m) for m in messages])
+        response = await self._unary(self._stub.SendMessages, request, queue=queue)
+        return send_results_from_proto(response)
+
+    async def send_messages_streamed(self, queue: str, messages: Sequence[Message]) -> list[SendResult]:
+        """Like send_messages, over the shared producer stream (higher throughput)."""
+        if self._producer is None or self._producer.broken:
+            self._producer = ProducerStream(self._stub)
+        response = await self._producer.send(queue, [message_to_proto(m) for m in messages])
+        return send_results_from_proto(response)
+
+    async def send(
+        self,
+        queue: str,
+        body: bytes,
+        *,
+        attributes: Mapping[str, str] | None = None,
+        group_id: str = "",
+        dedup_id: str = "",
+        delay_ms: int | None = None,
+    ) -> SendResult:
+        """Send one message; concurrent calls are batched onto the producer stream."""
+        batcher = self._batchers.get(queue)
+        if batcher is None:
+            batcher = self._batchers[queue] = _SendBatcher(self, queue)
+        message = Message(body, dict(attributes or {}), group_id, dedup_id, delay_ms)
+        return await batcher.add(message)
+
+    # -- receiving and acknowledging ---------------------------------------------------
+    async def receive_messages(
+        self,
+        queue: str,
+        *,
+        max_messages: int = 10,
+        visibility_timeout_ms: int | None = None,
+        wait_time_ms: int = 0,
+    ) -> list[ReceivedMessage]:
+        request = queue_pb2.ReceiveMessagesRequest(queue=queue, max_messages=max_messages, wait_time_ms=wait_time_ms)
+        if visibility_timeout_ms is not None:
+            request.visibility_timeout_ms = visibility_timeout_ms
+        # The deadline leaves room for the server's long poll to end first.
+        timeout = wait_time_ms / 1000 + 30
+        response = await self._unary(self._stub.ReceiveMessages, request, queue=queue, timeout=timeout)
+        return received_from_proto(response)
+
+    async def delete_messages(self, queue: str, receipts: Sequence[str]) -> list[EntryResult]:
+        request = queue_pb2.DeleteMessagesRequest(queue=queue, receipts=receipts)
+        response = await self._unary(self._stub.DeleteMessages, request, queue=queue)
+        return entry_results_from_proto(response.results)
+
+    async def change_visibility(self, queue: str, changes: Sequence[tuple[str, int]]) -> list[EntryResult]:
+        request = queue_pb2.ChangeVisibilityRequest(
+            queue=queue,
+            changes=[queue_pb2.VisibilityChange(receipt=r, visibility_timeout_ms=t) for r, t in changes],
+        )
+        response = await self._unary(self._stub.ChangeVisibility, request, queue=queue)
+        return entry_results_from_proto(response.results)
+
+    async def release_messages(self, queue: str, receipts: Sequence[str]) -> list[EntryResult]:
+        request = queue_pb2.ReleaseMessagesRequest(queue=queue, receipts=receipts)
+        response = await self._unary(self._stub.ReleaseMessages, request, queue=queue)
+        return entry_results_from_proto(response.results)
+
+    def consume(
+        self, queue: str, *, credits: int = 100, visibility_timeout_ms: int | None = None, max_batch: int = 100
+    ) -> ConsumerStream:
+        """A consumer stream; use `async with client.consume(...) as stream`."""
+        return ConsumerStream(
+            self._stub, queue, credits=credits, visibility_timeout_ms=visibility_timeout_ms, max_batch=max_batch
+        )
+
+    # -- administration ---------------------------------------------------------------
+    async def purge(self, queue: str) -> int:
+        response = await self._unary(self._stub.PurgeQueue, queue_pb2.PurgeQueueRequest(queue=queue), queue=queue)
+        return int(response.purged)
+
+    async def attributes(self, queue: str) -> QueueAttributes:
+        r = await self._unary(
+            self._stub.GetQueueAttributes, queue_pb2.GetQueueAttributesRequest(queue=queue), queue=queue
+        )
+        return QueueAttributes(
+            queue=r.queue,
+            visible=r.visible,
+            in_flight=r.in_flight,
+            delayed=r.delayed,
+            dead_letter_pending=r.dead_letter_pending,
+            oldest_sent_at_ms=r.oldest_sent_at_ms,
+            oldest_age_ms=r.oldest_age_ms,
+            shards=[
+                ShardAttributes(
+                    s.shard,
+                    s.visible,
+                    s.in_flight,
+                    s.delayed,
+                    s.dead_letter_pending,
+                    s.oldest_sent_at_ms,
+                    s.commit_index,
+                    s.epoch,
+                )
+                for s in r.shards
+            ],
+        )
+
+    async def describe(self, queue: str) -> list[ShardRoute]:
+        r = await self._unary(self._stub.DescribeQueue, queue_pb2.DescribeQueueRequest(queue=queue), queue=queue)
+        return [ShardRoute(s.shard, s.leader_address, s.epoch) for s in r.shards]
+
+    async def list_queues(self) -> list[str]:
+        response = await self._unary(self._stub.ListQueues, queue_pb2.ListQueuesRequest())
+        return list(response.queues)
+
+    async def redrive(
+        self, *, source: str, destination: str, rate_per_second: float = 0, max_messages: int = 0
+    ) -> AsyncIterator[RedriveProgress]:
+        request = queue_pb2.RedriveRequest(
+            source=source, destination=destination, rate_per_second=rate_per_second, max_messages=max_messages
+        )
+        try:
+            async for progress in self._stub.Redrive(request):
+                yield RedriveProgress(progress.moved, progress.remaining, progress.done)
+        except grpc.RpcError as error:
+            raise error_from_rpc(error, queue=source) from None
+
+
+class ConsumerStream:
+    """Server push with credits: the server sends at most as many messages as granted.
+
+    Each message taken from `messages()` returns one credit, so the number
+    buffered client-side stays bounded; `delete()` and `release()` ride the same
+    stream and resolve when the server answers.
+    """
+
+    def __init__(
+        self,
+        stub: queue_pb2_grpc.QueueServiceStub,
+        queue: str,
+        *,
+        credits: int,
+        visibility_timeout_ms: int | None,
+        max_batch: int,
+    ) -> None:
+        self.queue = queue
+        self._stub = stub
+        self._credits = credits
+        self._visibility_timeout_ms = visibility_timeout_ms
+        self._max_batch = max_batch
+        self._requests: asyncio.Queue[queue_pb2.ConsumeRequest | None] = asyncio.Queue()
+        self._inbox: asyncio.Queue[ReceivedMessage | ShardqError | None] = asyncio.Queue()
+        self._acks: dict[int, asyncio.Future[queue_pb2.AckResult]] = {}
+        self._ack_ids = itertools.count(1)
+        self._reader: asyncio.Task[None] | None = None
+        self._call: Any = None
+        self._returned_credits = 0
+
+    async def __aenter__(self) -> ConsumerStream:
+        start = queue_pb2.ConsumeStart(queue=self.queue, max_batch=self._max_batch)
+        if self._visibility_timeout_ms is not None:
+            start.visibility_timeout_ms = self._visibility_timeout_ms
+        self._requests.put_nowait(queue_pb2.ConsumeRequest(start=start))
+        self._requests.put_nowait(queue_pb2.ConsumeRequest(credits=self._credits))
+        self._call = self._stub.ConsumeStream(self._request_iterator())
+        self._reader = asyncio.create_task(self._read())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _request_iterator(self) -> AsyncIterator[queue_pb2.ConsumeRequest]:
+        while (request := await self._requests.get()) is not None:
+            yield request
+
+    async def _read(self) -> None:
+        try:
+            async for response in self._call:
+                if response.HasField("messages"):
+                    for message in received_from_proto(response.messages):
+                        self._inbox.put_nowait(message)
+                else:
+                    future = self._acks.pop(response.ack.ack_id, None)
+                    if future is not None and not future.done():
+                        future.set_result(response.ack)
+            self._inbox.put_nowait(None)
+        except grpc.RpcError as error:
+            failure = error_from_rpc(error, queue=self.queue)
+            self._inbox.put_nowait(failure)
+            for future in self._acks.values():
+                if not future.done():
+                    future.set_exception(failure)
+
+    async def messages(self) -> AsyncIterator[ReceivedMessage]:
+        while True:
+            item = await self._inbox.get()
+            if item is None:
+                return
+            if isinstance(item, ShardqError):
+                raise item
+            self._returned_credits += 1
+            # Grant credits back in small batches to keep the request stream quiet.
+            if self._returned_credits >= max(1, self._credits // 4):
+                self._requests.put_nowait(queue_pb2.ConsumeRequest(credits=self._returned_credits))
+                self._returned_credits = 0
+            yield item
+
+    async def _acknowledge(self, *, delete: Sequence[str], release: Sequence[str]) -> queue_pb2.AckResult:
+        ack_id = next(self._ack_ids)
+        future: asyncio.Future[queue_pb2.AckResult] = asyncio.get_running_loop().create_future()
+        self._acks[ack_id] = future
+        self._requests.put_nowait(
+            queue_pb2.ConsumeRequest(ack=queue_pb2.Acknowledge(ack_id=ack_id, receipts=delete, release=release))
+        )
+        return await future
+
+    async def delete(self, receipts: Sequence[str]) -> list[EntryResult]:
+        return entry_results_from_proto((await self._acknowledge(delete=receipts, release=())).deleted)
+
+    async def release(self, receipts: Sequence[str]) -> list[EntryResult]:
+        return entry_results_from_proto((await self._acknowledge(delete=(), release=receipts)).released)
+
+    async def close(self) -> None:
+        self._requests.put_nowait(None)
+        if self._reader is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._reader), timeout=5)
+            except TimeoutError:
+                self._reader.cancel()
+        if self._call is not None:
+            self._call.cancel()

@@ -1,0 +1,337 @@
+"""The `shardq` command line: queue operations against any server.
+
+Commands that need more than the client (`serve`, `local`, `analytics`) are
+contributed through the `shardq.cli` entry-point group by the packages that
+implement them, so this package never imports the server.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import importlib.metadata
+import json
+import pathlib
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, ParamSpec, TypeVar
+
+import click
+
+from shardq.aio import DEFAULT_ENDPOINT
+from shardq.client import Client
+from shardq.durations import parse_duration_ms
+from shardq.errors import ShardqError
+from shardq.types import Message, ReceivedMessage
+
+P = ParamSpec("P")
+R = TypeVar("R")
+FILE_BATCH = 100
+
+
+class Duration(click.ParamType):
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_duration_ms(str(value))
+        except ValueError as error:
+            self.fail(str(error), param, ctx)
+
+
+class Rate(click.ParamType):
+    name = "rate"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        text = str(value).strip().lower().removesuffix("/s")
+        try:
+            rate = float(text)
+        except ValueError:
+            self.fail(f"{value!r} is not a rate like 500/s", param, ctx)
+        if rate < 0:
+            self.fail("rate must be >= 0", param, ctx)
+        return rate
+
+
+DURATION = Duration()
+
+
+def fail_cleanly(command: Callable[P, R]) -> Callable[P, R]:
+    """One-line reason and a non-zero exit for any queue error."""
+
+    @functools.wraps(command)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return command(*args, **kwargs)
+        except ShardqError as error:
+            raise click.ClickException(str(error)) from None
+
+    return wrapper
+
+
+def endpoint_option(command: Callable[P, R]) -> Callable[P, R]:
+    return click.option(
+        "--endpoint", default=DEFAULT_ENDPOINT, show_default=True, envvar="SHARDQ_ENDPOINT", help="host:port"
+    )(command)
+
+
+def body_to_json(body: bytes) -> dict[str, str]:
+    try:
+        return {"body": body.decode()}
+    except UnicodeDecodeError:
+        return {"body_base64": base64.b64encode(body).decode()}
+
+
+def message_to_json(message: ReceivedMessage) -> dict[str, Any]:
+    return {
+        "id": message.message_id,
+        **body_to_json(message.body),
+        "receipt": message.receipt,
+        "receive_count": message.receive_count,
+        "sent_at": message.sent_at_ms,
+        "first_received_at": message.first_received_at_ms,
+        "visible_until": message.visible_until_ms,
+        "attributes": message.attributes,
+        "group_id": message.group_id,
+        "dedup_id": message.dedup_id,
+        "shard": message.shard,
+    }
+
+
+def parse_attributes(items: tuple[str, ...]) -> dict[str, str]:
+    attributes: dict[str, str] = {}
+    for item in items:
+        key, equals, value = item.partition("=")
+        if not equals or not key:
+            raise click.BadParameter(f"{item!r} is not key=value", param_hint="--attr")
+        attributes[key] = value
+    return attributes
+
+
+def message_from_json_line(line: str, number: int) -> Message:
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise click.ClickException(f"line {number}: not JSON ({error.msg})") from None
+    if not isinstance(data, dict):
+        raise click.ClickException(f"line {number}: expected a JSON object")
+    if "body_base64" in data:
+        try:
+            body = base64.b64decode(data["body_base64"], validate=True)
+        except (binascii.Error, TypeError):
+            raise click.ClickException(f"line {number}: body_base64 is not base64") from None
+    elif isinstance(data.get("body"), str):
+        body = data["body"].encode()
+    else:
+        raise click.ClickException(f"line {number}: needs a string 'body' or 'body_base64'")
+    delay = data.get("delay")
+    try:
+        delay_ms = None if delay is None else parse_duration_ms(str(delay))
+    except ValueError as error:
+        raise click.ClickException(f"line {number}: delay: {error}") from None
+    attributes = data.get("attributes", {})
+    if not isinstance(attributes, dict) or not all(isinstance(v, str) for v in attributes.values()):
+        raise click.ClickException(f"line {number}: attributes must map strings to strings")
+    return Message(body, attributes, str(data.get("group_id", "")), str(data.get("dedup_id", "")), delay_ms)
+
+
+def read_jsonl(path: pathlib.Path) -> Iterator[Message]:
+    with path.open() as lines:
+        for number, line in enumerate(lines, start=1):
+            if line.strip():
+                yield message_from_json_line(line, number)
+
+
+@click.group()
+@click.version_option(package_name="shardq")
+def main() -> None:
+    """shardq: a durable, SQS-class message queue."""
+
+
+@main.command()
+@endpoint_option
+@click.option("--queue", required=True)
+@click.option("--body", help="message body (UTF-8)")
+@click.option("--file", "file_", type=click.Path(exists=True, dir_okay=False, path_type=pathlib.Path),
+              help="JSON lines: {body | body_base64, attributes, group_id, dedup_id, delay}")
+@click.option("--delay", type=DURATION, default=None)
+@click.option("--group", "group_id", default="")
+@click.option("--dedup-id", default="")
+@click.option("--attr", "attrs", multiple=True, help="key=value, repeatable")
+@click.option("--json", "as_json", is_flag=True)
+@fail_cleanly
+def send(
+    endpoint: str,
+    queue: str,
+    body: str | None,
+    file_: pathlib.Path | None,
+    delay: int | None,
+    group_id: str,
+    dedup_id: str,
+    attrs: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Send one message (--body) or many (--file, with a progress bar)."""
+    if (body is None) == (file_ is None):
+        raise click.UsageError("give exactly one of --body or --file")
+    with Client(endpoint) as client:
+        if body is not None:
+            message = Message(body.encode(), parse_attributes(attrs), group_id, dedup_id, delay)
+            (result,) = client.send_messages(queue, [message])
+            if not result.ok:
+                raise click.ClickException(f"{result.error_reason}: {result.error_message}")
+            if as_json:
+                click.echo(json.dumps({"id": result.message_id, "duplicate": result.duplicate, "shard": result.shard}))
+            else:
+                click.echo(result.message_id + (" (duplicate)" if result.duplicate else ""))
+            return
+        assert file_ is not None
+        sent = duplicates = 0
+        from tqdm import tqdm
+
+        messages = list(read_jsonl(file_))
+        with tqdm(total=len(messages), unit="msg", file=sys.stderr, disable=None) as progress:
+            for start in range(0, len(messages), FILE_BATCH):
+                results = client.send_messages_streamed(queue, messages[start : start + FILE_BATCH])
+                failed = [r for r in results if not r.ok]
+                if failed:
+                    raise click.ClickException(
+                        f"message {start + results.index(failed[0]) + 1}: {failed[0].error_reason}: "
+                        f"{failed[0].error_message} ({sent} sent before it)"
+                    )
+                sent += sum(1 for r in results if not r.duplicate)
+                duplicates += sum(1 for r in results if r.duplicate)
+                progress.update(len(results))
+        click.echo(json.dumps({"sent": sent, "duplicates": duplicates}) if as_json else f"sent {sent}, {duplicates} duplicates")
+
+
+@main.command()
+@endpoint_option
+@click.option("--queue", required=True)
+@click.option("--max", "max_messages", default=1, show_default=True, type=int)
+@click.option("--visibility", type=DURATION, default=None, help="visibility timeout (default: the queue's)")
+@click.option("--wait", type=DURATION, default=0, help="long-poll up to this long")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per line")
+@fail_cleanly
+def receive(endpoint: str, queue: str, max_messages: int, visibility: int | None, wait: int, as_json: bool) -> None:
+    """Receive messages; each stays invisible to others until its visibility timeout."""
+    with Client(endpoint) as client:
+        messages = client.receive_messages(
+            queue, max_messages=max_messages, visibility_timeout_ms=visibility, wait_time_ms=wait
+        )
+    for message in messages:
+        if as_json:
+            click.echo(json.dumps(message_to_json(message)))
+        else:
+            text = body_to_json(message.body)
+            click.echo(f"{message.message_id}\t{text.get('body', text.get('body_base64'))}\t{message.receipt}")
+
+
+def _report_entries(kind: str, results: list[Any]) -> None:
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise click.ClickException(f"{kind} failed: {failed[0].reason}: {failed[0].message}")
+
+
+@main.command()
+@endpoint_option
+@click.option("--queue", required=True)
+@click.option("--receipt", "receipts", multiple=True, required=True)
+@fail_cleanly
+def delete(endpoint: str, queue: str, receipts: tuple[str, ...]) -> None:
+    """Delete received messages by receipt."""
+    with Client(endpoint) as client:
+        _report_entries("delete", client.delete_messages(queue, list(receipts)))
+    click.echo(f"deleted {len(receipts)}")
+
+
+@main.command("change-visibility")
+@endpoint_option
+@click.option("--queue", required=True)
+@click.option("--receipt", required=True)
+@click.option("--timeout", type=DURATION, required=True, help="new visibility timeout from now (0s: visible now)")
+@fail_cleanly
+def change_visibility(endpoint: str, queue: str, receipt: str, timeout: int) -> None:
+    """Extend or shorten a received message's visibility timeout."""
+    with Client(endpoint) as client:
+        _report_entries("change-visibility", client.change_visibility(queue, [(receipt, timeout)]))
+    click.echo("ok")
+
+
+@main.command()
+@endpoint_option
+@click.option("--queue", required=True)
+@click.option("--json", "as_json", is_flag=True)
+@fail_cleanly
+def stats(endpoint: str, queue: str, as_json: bool) -> None:
+    """Approximate visible / in-flight / delayed counts and the oldest message's age."""
+    with Client(endpoint) as client:
+        attributes = client.attributes(queue)
+    summary = {
+        "queue": attributes.queue,
+        "visible": attributes.visible,
+        "in_flight": attributes.in_flight,
+        "delayed": attributes.delayed,
+        "dead_letter_pending": attributes.dead_letter_pending,
+        "oldest_age_ms": attributes.oldest_age_ms,
+        "shards": len(attributes.shards),
+    }
+    if as_json:
+        click.echo(json.dumps(summary))
+    else:
+        for key, value in summary.items():
+            click.echo(f"{key:>20}  {value}")
+
+
+@main.command()
+@endpoint_option
+@click.option("--queue", required=True)
+@fail_cleanly
+def purge(endpoint: str, queue: str) -> None:
+    """Remove every message of the queue."""
+    with Client(endpoint) as client:
+        click.echo(f"purged {client.purge(queue)}")
+
+
+@main.command()
+@endpoint_option
+@fail_cleanly
+def queues(endpoint: str) -> None:
+    """List the queues the server hosts."""
+    with Client(endpoint) as client:
+        for name in client.list_queues():
+            click.echo(name)
+
+
+@main.command()
+@endpoint_option
+@click.option("--from", "source", required=True, help="the dead-letter queue")
+@click.option("--to", "destination", required=True)
+@click.option("--rate", type=Rate(), default=0.0, help="messages per second, e.g. 500/s (default: unlimited)")
+@click.option("--max", "max_messages", type=int, default=0, help="stop after this many (default: all)")
+@fail_cleanly
+def redrive(endpoint: str, source: str, destination: str, rate: float, max_messages: int) -> None:
+    """Move messages from a dead-letter queue back to a queue, at a bounded rate."""
+    from tqdm import tqdm
+
+    with Client(endpoint) as client, tqdm(unit="msg", file=sys.stderr, disable=None) as progress:
+        moved = 0
+        for step in client.redrive(
+            source=source, destination=destination, rate_per_second=rate, max_messages=max_messages
+        ):
+            progress.total = step.moved + step.remaining
+            progress.update(step.moved - moved)
+            moved = step.moved
+    click.echo(f"moved {moved}")
+
+
+def _load_plugins() -> None:
+    for entry_point in importlib.metadata.entry_points(group="shardq.cli"):
+        command = entry_point.load()
+        main.add_command(command, entry_point.name)
+
+
+_load_plugins()

@@ -1,0 +1,115 @@
+"""Client: the blocking face of AsyncClient, for scripts and threads.
+
+It runs one AsyncClient on a private event-loop thread, so blocking callers get
+the same batching and streams: `send()` from many threads is folded into
+producer-stream batches exactly as concurrent coroutines are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
+from typing import TypeVar
+
+from shardq.aio import DEFAULT_ENDPOINT, AsyncClient
+from shardq.types import EntryResult, Message, QueueAttributes, ReceivedMessage, RedriveProgress, SendResult, ShardRoute
+
+T = TypeVar("T")
+
+
+class Client:
+    def __init__(self, endpoint: str = DEFAULT_ENDPOINT) -> None:
+        self.endpoint = endpoint
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="shardq-client", daemon=True)
+        self._thread.start()
+        self._async = self._run(self._create(endpoint))
+
+    @staticmethod
+    async def _create(endpoint: str) -> AsyncClient:
+        return AsyncClient(endpoint)
+
+    def _run(self, awaitable: Awaitable[T]) -> T:
+        async def wrapped() -> T:
+            return await awaitable
+
+        return asyncio.run_coroutine_threadsafe(wrapped(), self._loop).result()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if not self._loop.is_running():
+            return
+        self._run(self._async.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def send_messages(self, queue: str, messages: Sequence[Message]) -> list[SendResult]:
+        return self._run(self._async.send_messages(queue, messages))
+
+    def send_messages_streamed(self, queue: str, messages: Sequence[Message]) -> list[SendResult]:
+        return self._run(self._async.send_messages_streamed(queue, messages))
+
+    def send(
+        self,
+        queue: str,
+        body: bytes,
+        *,
+        attributes: Mapping[str, str] | None = None,
+        group_id: str = "",
+        dedup_id: str = "",
+        delay_ms: int | None = None,
+    ) -> SendResult:
+        return self._run(
+            self._async.send(
+                queue, body, attributes=attributes, group_id=group_id, dedup_id=dedup_id, delay_ms=delay_ms
+            )
+        )
+
+    def receive_messages(
+        self, queue: str, *, max_messages: int = 10, visibility_timeout_ms: int | None = None, wait_time_ms: int = 0
+    ) -> list[ReceivedMessage]:
+        return self._run(
+            self._async.receive_messages(
+                queue, max_messages=max_messages, visibility_timeout_ms=visibility_timeout_ms, wait_time_ms=wait_time_ms
+            )
+        )
+
+    def delete_messages(self, queue: str, receipts: Sequence[str]) -> list[EntryResult]:
+        return self._run(self._async.delete_messages(queue, receipts))
+
+    def change_visibility(self, queue: str, changes: Sequence[tuple[str, int]]) -> list[EntryResult]:
+        return self._run(self._async.change_visibility(queue, changes))
+
+    def release_messages(self, queue: str, receipts: Sequence[str]) -> list[EntryResult]:
+        return self._run(self._async.release_messages(queue, receipts))
+
+    def purge(self, queue: str) -> int:
+        return self._run(self._async.purge(queue))
+
+    def attributes(self, queue: str) -> QueueAttributes:
+        return self._run(self._async.attributes(queue))
+
+    def describe(self, queue: str) -> list[ShardRoute]:
+        return self._run(self._async.describe(queue))
+
+    def list_queues(self) -> list[str]:
+        return self._run(self._async.list_queues())
+
+    def redrive(
+        self, *, source: str, destination: str, rate_per_second: float = 0, max_messages: int = 0
+    ) -> Iterator[RedriveProgress]:
+        progress_iterator = self._async.redrive(
+            source=source, destination=destination, rate_per_second=rate_per_second, max_messages=max_messages
+        )
+        while True:
+            try:
+                yield self._run(anext(progress_iterator))
+            except StopAsyncIteration:
+                return

@@ -1,0 +1,35 @@
+"""Human durations ("250ms", "30s", "5m", "24h", "7d") to and from milliseconds."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+def parse_duration_ms(text: str) -> int:
+    """Parse "1h30m", "250ms", "0s"; a bare number means seconds, like SQS."""
+    cleaned = text.strip().lower()
+    if not cleaned:
+        raise ValueError("empty duration")
+    if re.fullmatch(r"\d+(?:\.\d+)?", cleaned):
+        return round(float(cleaned) * 1000)
+    position = 0
+    total = 0.0
+    for match in _PART.finditer(cleaned):
+        if match.start() != position:
+            break
+        total += float(match.group(1)) * _UNITS_MS[match.group(2)]
+        position = match.end()
+    if position != len(cleaned) or position == 0:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 500ms, 30s, 5m, 24h, 7d)")
+    return round(total)
+
+
+def format_duration_ms(ms: int) -> str:
+    for unit in ("d", "h", "m", "s"):
+        size = _UNITS_MS[unit]
+        if ms >= size and ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"

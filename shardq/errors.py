@@ -1,0 +1,76 @@
+"""Error reasons shared by server and client, and the exceptions the client raises.
+
+The reason strings travel on the wire (google.rpc.ErrorInfo.reason and
+EntryError.reason), so their values never change once released.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Reason(str, enum.Enum):
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    QUEUE_NOT_FOUND = "QUEUE_NOT_FOUND"
+    QUEUE_FULL = "QUEUE_FULL"
+    NOT_LEADER = "NOT_LEADER"
+    STALE_RECEIPT = "STALE_RECEIPT"
+    RECEIPT_EXPIRED = "RECEIPT_EXPIRED"
+    MALFORMED_RECEIPT = "MALFORMED_RECEIPT"
+    MESSAGE_NOT_FOUND = "MESSAGE_NOT_FOUND"
+    WRONG_QUEUE = "WRONG_QUEUE"
+    SHUTTING_DOWN = "SHUTTING_DOWN"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+ERROR_DOMAIN = "shardq.io"
+
+
+class ShardqError(Exception):
+    """A request failed; `reason` says why in a machine-readable way."""
+
+    def __init__(
+        self,
+        reason: Reason,
+        message: str,
+        *,
+        field: str = "",
+        retry_after_ms: int = 0,
+        leader: str = "",
+    ) -> None:
+        super().__init__(f"{reason.value}: {message}")
+        self.reason = reason
+        self.message = message
+        self.field = field
+        self.retry_after_ms = retry_after_ms
+        self.leader = leader
+
+
+class InvalidArgument(ShardqError):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(Reason.INVALID_ARGUMENT, f"{field}: {message}", field=field)
+
+
+class QueueNotFound(ShardqError):
+    def __init__(self, queue: str) -> None:
+        super().__init__(Reason.QUEUE_NOT_FOUND, f"queue {queue!r} does not exist", field="queue")
+        self.queue = queue
+
+
+class QueueFull(ShardqError):
+    def __init__(self, queue: str, retry_after_ms: int) -> None:
+        super().__init__(
+            Reason.QUEUE_FULL,
+            f"queue {queue!r} is at its max depth; retry after {retry_after_ms} ms",
+            retry_after_ms=retry_after_ms,
+        )
+
+
+class NotLeader(ShardqError):
+    def __init__(self, message: str, *, leader: str = "") -> None:
+        super().__init__(Reason.NOT_LEADER, message, leader=leader)
+
+
+class Unavailable(ShardqError):
+    def __init__(self, message: str) -> None:
+        super().__init__(Reason.UNAVAILABLE, message)

@@ -1,0 +1,188 @@
+"""Queue settings: one typed record, its limits, and parsing from a Queue spec.
+
+The same parser reads `shardq serve --queue` specs, queues.yaml files and (later)
+the operator's Queue custom resources, so a setting means one thing everywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from shardq.durations import parse_duration_ms
+
+KIB = 1024
+MIB = 1024 * KIB
+DAY_MS = 86_400_000
+
+# Hard ceilings: what a queue may be configured to, not the defaults.
+MAX_SHARDS = 1024
+MAX_REPLICAS = 7
+MAX_MESSAGE_BYTES_CEILING = 16 * MIB
+MAX_RETENTION_MS = 366 * DAY_MS
+MAX_RECEIVE_BATCH = 1000
+MAX_SEND_BATCH = 1000
+MAX_BATCH_BYTES = 48 * MIB
+MAX_ATTRIBUTES = 64
+MAX_ATTRIBUTE_KEY_CHARS = 256
+MAX_ATTRIBUTES_BYTES = 256 * KIB
+MAX_ID_CHARS = 128  # group ids and dedup ids
+MAX_WAIT_MS = 15 * 60_000
+QUEUE_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueConfig:
+    name: str
+    shards: int = 1
+    replicas: int = 1
+    fifo: bool = False
+    visibility_timeout_ms: int = 30_000
+    retention_ms: int = 4 * DAY_MS
+    max_message_bytes: int = 1 * MIB
+    delivery_delay_ms: int = 0
+    dedup_window_ms: int = 5 * 60_000
+    dead_letter_queue: str = ""
+    max_receive_count: int = 0  # 0: never dead-letter
+    max_depth: int = 0  # 0: unbounded
+    nack_backoff_base_ms: int = 1_000
+    nack_backoff_max_ms: int = 5 * 60_000
+    journal_retention_ms: int = DAY_MS
+
+    def __post_init__(self) -> None:
+        validate_queue_config(self)
+
+
+def validate_queue_config(config: QueueConfig) -> None:
+    """Raise ValueError naming the first setting that is out of range."""
+    checks: list[tuple[bool, str]] = [
+        (bool(QUEUE_NAME.fullmatch(config.name)), "name must be a DNS label (a-z, 0-9, '-', at most 63)"),
+        (1 <= config.shards <= MAX_SHARDS, f"shards must be 1..{MAX_SHARDS}"),
+        (1 <= config.replicas <= MAX_REPLICAS, f"replicas must be 1..{MAX_REPLICAS}"),
+        (1_000 <= config.retention_ms <= MAX_RETENTION_MS, "retention must be 1s..366d"),
+        (0 <= config.visibility_timeout_ms <= config.retention_ms, "visibility timeout must be 0..retention"),
+        (0 <= config.delivery_delay_ms <= config.retention_ms, "delivery delay must be 0..retention"),
+        (0 <= config.dedup_window_ms <= config.retention_ms, "dedup window must be 0..retention"),
+        (1 <= config.max_message_bytes <= MAX_MESSAGE_BYTES_CEILING, "max message size must be 1B..16MiB"),
+        (config.max_receive_count >= 0, "max receive count must be >= 0"),
+        (config.max_depth >= 0, "max depth must be >= 0"),
+        (0 < config.nack_backoff_base_ms <= config.nack_backoff_max_ms, "nack backoff must be 0 < base <= max"),
+        (config.nack_backoff_max_ms <= config.retention_ms, "nack backoff max must be <= retention"),
+        (0 <= config.journal_retention_ms <= MAX_RETENTION_MS, "journal retention must be 0..366d"),
+        (config.dead_letter_queue != config.name, "a queue cannot be its own dead-letter queue"),
+        (
+            bool(config.dead_letter_queue) == (config.max_receive_count > 0),
+            "dead_letter_queue and max_receive_count go together",
+        ),
+    ]
+    for ok, problem in checks:
+        if not ok:
+            raise ValueError(f"queue {config.name!r}: {problem}")
+
+
+# Spec keys as written in a Queue resource (camelCase) or on the command line
+# (snake_case), mapped to the field and how to read the value.
+_DURATION_FIELDS = {
+    "visibility": "visibility_timeout_ms",
+    "visibilitytimeout": "visibility_timeout_ms",
+    "retention": "retention_ms",
+    "deliverydelay": "delivery_delay_ms",
+    "delay": "delivery_delay_ms",
+    "dedupwindow": "dedup_window_ms",
+    "nackbackoffbase": "nack_backoff_base_ms",
+    "nackbackoffmax": "nack_backoff_max_ms",
+    "journalretention": "journal_retention_ms",
+}
+_INT_FIELDS = {
+    "shards": "shards",
+    "replicas": "replicas",
+    "maxmessagebytes": "max_message_bytes",
+    "maxmessagesize": "max_message_bytes",
+    "maxreceivecount": "max_receive_count",
+    "maxdepth": "max_depth",
+}
+_SIZE = re.compile(r"(\d+)\s*(b|k|ki|kib|kb|m|mi|mib|mb)?", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "b": 1, "k": KIB, "ki": KIB, "kib": KIB, "kb": KIB, "m": MIB, "mi": MIB, "mib": MIB, "mb": MIB}
+
+
+def _normalise_key(key: str) -> str:
+    return key.replace("_", "").replace("-", "").lower()
+
+
+def _parse_int(key: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"{key}: expected a number, got {value!r}")
+    if isinstance(value, int):
+        return value
+    match = _SIZE.fullmatch(str(value).strip())
+    if match is None:
+        raise ValueError(f"{key}: expected a number, got {value!r}")
+    return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").lower()]
+
+
+def _parse_duration(key: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"{key}: expected a duration, got {value!r}")
+    if isinstance(value, int | float):
+        return round(value * 1000)  # bare numbers are seconds, as in SQS
+    try:
+        return parse_duration_ms(str(value))
+    except ValueError as error:
+        raise ValueError(f"{key}: {error}") from None
+
+
+def _parse_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "1", "on"):
+        return True
+    if text in ("false", "no", "0", "off"):
+        return False
+    raise ValueError(f"{key}: expected true or false, got {value!r}")
+
+
+def queue_config_from_spec(name: str, spec: Mapping[str, Any]) -> QueueConfig:
+    """Build a QueueConfig from a Queue spec mapping; unknown keys are errors."""
+    fields: dict[str, Any] = {}
+    for key, value in spec.items():
+        normal = _normalise_key(key)
+        if normal in _DURATION_FIELDS:
+            fields[_DURATION_FIELDS[normal]] = _parse_duration(key, value)
+        elif normal in _INT_FIELDS:
+            fields[_INT_FIELDS[normal]] = _parse_int(key, value)
+        elif normal == "fifo":
+            fields["fifo"] = _parse_bool(key, value)
+        elif normal in ("deadletterqueue", "dlq"):
+            fields["dead_letter_queue"] = str(value)
+        elif normal == "redrivepolicy":
+            if not isinstance(value, Mapping):
+                raise ValueError(f"{key}: expected a mapping with deadLetterQueue and maxReceiveCount")
+            for sub_key, sub_value in value.items():
+                sub = _normalise_key(sub_key)
+                if sub == "deadletterqueue":
+                    fields["dead_letter_queue"] = str(sub_value)
+                elif sub == "maxreceivecount":
+                    fields["max_receive_count"] = _parse_int(sub_key, sub_value)
+                else:
+                    raise ValueError(f"{key}.{sub_key}: unknown setting")
+        elif normal == "name":
+            if str(value) != name:
+                raise ValueError(f"name: {value!r} does not match {name!r}")
+        else:
+            raise ValueError(f"{key}: unknown queue setting")
+    return QueueConfig(name=name, **fields)
+
+
+def parse_queue_option(text: str) -> QueueConfig:
+    """Parse `name[:key=value,key=value...]` as given to `shardq serve --queue`."""
+    name, _, rest = text.partition(":")
+    spec: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, equals, value = item.partition("=")
+        if not equals:
+            raise ValueError(f"--queue {text!r}: {item!r} is not key=value")
+        spec[key.strip()] = value.strip()
+    return queue_config_from_spec(name.strip(), spec)

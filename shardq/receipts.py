@@ -1,0 +1,61 @@
+"""Receipt handles: opaque to users, self-checking, and enough to reject stale ones.
+
+A receipt names the claim it came from: (queue, shard, seq, epoch, claim token).
+The server accepts it only while that exact claim is the message's current one
+and its deadline has not passed; the checksum turns typos and truncation into
+MALFORMED_RECEIPT instead of a confusing STALE_RECEIPT.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import struct
+import zlib
+
+_VERSION = 1
+# version, queue fingerprint, shard, seq, epoch, claim token
+_LAYOUT = struct.Struct(">BIHQQQ")
+_CHECK = struct.Struct(">I")
+_ENCODED_LENGTH = len(base64.urlsafe_b64encode(b"\0" * (_LAYOUT.size + _CHECK.size)))
+
+
+class MalformedReceipt(ValueError):
+    pass
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Receipt:
+    queue_fingerprint: int
+    shard: int
+    seq: int
+    epoch: int
+    claim_token: int
+
+
+def queue_fingerprint(queue: str) -> int:
+    return zlib.crc32(queue.encode())
+
+
+def encode_receipt(receipt: Receipt) -> str:
+    payload = _LAYOUT.pack(
+        _VERSION, receipt.queue_fingerprint, receipt.shard, receipt.seq, receipt.epoch, receipt.claim_token
+    )
+    return base64.urlsafe_b64encode(payload + _CHECK.pack(zlib.crc32(payload))).decode()
+
+
+def decode_receipt(text: str) -> Receipt:
+    if len(text) != _ENCODED_LENGTH:
+        raise MalformedReceipt(f"receipt has length {len(text)}, expected {_ENCODED_LENGTH}")
+    try:
+        raw = base64.urlsafe_b64decode(text.encode("ascii"))
+    except (binascii.Error, UnicodeEncodeError, ValueError):
+        raise MalformedReceipt("receipt is not base64url") from None
+    payload, check = raw[: _LAYOUT.size], raw[_LAYOUT.size :]
+    if _CHECK.unpack(check)[0] != zlib.crc32(payload):
+        raise MalformedReceipt("receipt checksum does not match")
+    version, fingerprint, shard, seq, epoch, token = _LAYOUT.unpack(payload)
+    if version != _VERSION:
+        raise MalformedReceipt(f"receipt version {version} is not supported")
+    return Receipt(fingerprint, shard, seq, epoch, token)

@@ -1,0 +1,81 @@
+"""Turning gRPC errors back into ShardqError with the server's reason and hints."""
+
+from __future__ import annotations
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+
+from shardq.api.v1 import queue_pb2
+from shardq.errors import (
+    ERROR_DOMAIN,
+    InvalidArgument,
+    NotLeader,
+    QueueFull,
+    QueueNotFound,
+    Reason,
+    ShardqError,
+    Unavailable,
+)
+
+
+def _error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
+    trailing = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
+    for key, value in trailing or ():
+        if key == "grpc-status-details-bin" and isinstance(value, bytes):
+            status = status_pb2.Status.FromString(value)
+            for detail in status.details:
+                info = error_details_pb2.ErrorInfo()
+                if detail.Unpack(info) and info.domain == ERROR_DOMAIN:
+                    return info
+    return None
+
+
+def build_error(
+    *, reason: str, message: str, field: str = "", retry_after_ms: int = 0, leader: str = "", queue: str = ""
+) -> ShardqError:
+    try:
+        known = Reason(reason)
+    except ValueError:
+        known = Reason.UNAVAILABLE
+    if known is Reason.INVALID_ARGUMENT:
+        error: ShardqError = InvalidArgument(field, message.removeprefix(f"{field}: "))
+    elif known is Reason.QUEUE_NOT_FOUND:
+        error = QueueNotFound(queue)
+    elif known is Reason.QUEUE_FULL:
+        error = QueueFull(queue, retry_after_ms)
+    elif known is Reason.NOT_LEADER:
+        error = NotLeader(message, leader=leader)
+    elif known is Reason.UNAVAILABLE:
+        error = Unavailable(message)
+    else:
+        error = ShardqError(known, message, field=field, retry_after_ms=retry_after_ms, leader=leader)
+    error.message = message
+    return error
+
+
+def error_from_rpc(error: grpc.RpcError, *, queue: str = "") -> ShardqError:
+    info = _error_info(error)
+    details = error.details() if hasattr(error, "details") else str(error)
+    message = details or ""
+    if info is None:
+        code = error.code() if hasattr(error, "code") else None
+        return Unavailable(f"{code.name if code else 'error'}: {message}")
+    metadata = dict(info.metadata)
+    return build_error(
+        reason=info.reason,
+        message=message,
+        field=metadata.get("field", ""),
+        retry_after_ms=int(metadata.get("retry_after_ms", "0")),
+        leader=metadata.get("leader", ""),
+        queue=queue,
+    )
+
+
+def error_from_stream(error: queue_pb2.StreamError, *, queue: str = "") -> ShardqError:
+    return build_error(
+        reason=error.reason,
+        message=error.message,
+        field=error.field,
+        retry_after_ms=error.retry_after_ms,
+        queue=queue,
+    )
