@@ -54,8 +54,7 @@ def message_to_proto(message: Message) -> queue_pb2.MessageToSend:
 
 def send_results_from_proto(response: queue_pb2.SendMessagesResponse) -> list[SendResult]:
     return [
-        SendResult(r.message_id, r.duplicate, r.shard, r.seq, r.error.reason, r.error.message)
-        for r in response.results
+        SendResult(r.message_id, r.duplicate, r.shard, r.seq, r.error.reason, r.error.message) for r in response.results
     ]
 
 
@@ -96,7 +95,7 @@ class ProducerStream:
         self._requests: asyncio.Queue[queue_pb2.SendStreamRequest | None] = asyncio.Queue()
         self._waiting: dict[int, asyncio.Future[queue_pb2.SendMessagesResponse]] = {}
         self._ids = itertools.count(1)
-        self._call = stub.SendStream(self._request_iterator())
+        self._call = stub.SendStream(self._request_iterator())  # type: ignore[arg-type]  # aio stubs take async iterators
         self._reader = asyncio.create_task(self._read_answers())
 
     async def _request_iterator(self) -> AsyncIterator[queue_pb2.SendStreamRequest]:
@@ -105,7 +104,7 @@ class ProducerStream:
 
     async def _read_answers(self) -> None:
         try:
-            async for answer in self._call:
+            async for answer in self._call:  # type: ignore[attr-defined]  # an aio call is async-iterable
                 future = self._waiting.pop(answer.request_id, None)
                 if future is None or future.done():
                     continue
@@ -187,10 +186,12 @@ class _SendBatcher:
                 if result.ok:
                     pending.future.set_result(result)
                 else:
-                    pending.future.set_exception(error_from_stream(
-                        queue_pb2.StreamError(reason=result.error_reason, message=result.error_message),
-                        queue=self._queue,
-                    ))
+                    pending.future.set_exception(
+                        error_from_stream(
+                            queue_pb2.StreamError(reason=result.error_reason, message=result.error_message),
+                            queue=self._queue,
+                        )
+                    )
         finally:
             self._in_flight -= 1
             self._flush()
@@ -391,7 +392,7 @@ class ConsumerStream:
             start.visibility_timeout_ms = self._visibility_timeout_ms
         self._requests.put_nowait(queue_pb2.ConsumeRequest(start=start))
         self._requests.put_nowait(queue_pb2.ConsumeRequest(credits=self._credits))
-        self._call = self._stub.ConsumeStream(self._request_iterator())
+        self._call = self._stub.ConsumeStream(self._request_iterator())  # type: ignore[arg-type]  # as above
         self._reader = asyncio.create_task(self._read())
         return self
 

@@ -30,7 +30,7 @@ R = TypeVar("R")
 FILE_BATCH = 100
 
 
-class Duration(click.ParamType):
+class Duration(click.ParamType[int]):
     name = "duration"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
@@ -42,7 +42,7 @@ class Duration(click.ParamType):
             self.fail(str(error), param, ctx)
 
 
-class Rate(click.ParamType):
+class Rate(click.ParamType[float]):
     name = "rate"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
@@ -155,8 +155,12 @@ def main() -> None:
 @endpoint_option
 @click.option("--queue", required=True)
 @click.option("--body", help="message body (UTF-8)")
-@click.option("--file", "file_", type=click.Path(exists=True, dir_okay=False, path_type=pathlib.Path),
-              help="JSON lines: {body | body_base64, attributes, group_id, dedup_id, delay}")
+@click.option(
+    "--file",
+    "file_",
+    type=click.Path(exists=True, dir_okay=False, path_type=pathlib.Path),
+    help="JSON lines: {body | body_base64, attributes, group_id, dedup_id, delay}",
+)
 @click.option("--delay", type=DURATION, default=None)
 @click.option("--group", "group_id", default="")
 @click.option("--dedup-id", default="")
@@ -205,7 +209,9 @@ def send(
                 sent += sum(1 for r in results if not r.duplicate)
                 duplicates += sum(1 for r in results if r.duplicate)
                 progress.update(len(results))
-        click.echo(json.dumps({"sent": sent, "duplicates": duplicates}) if as_json else f"sent {sent}, {duplicates} duplicates")
+        click.echo(
+            json.dumps({"sent": sent, "duplicates": duplicates}) if as_json else f"sent {sent}, {duplicates} duplicates"
+        )
 
 
 @main.command()

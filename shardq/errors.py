@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 
 
-class Reason(str, enum.Enum):
+class Reason(enum.StrEnum):
     INVALID_ARGUMENT = "INVALID_ARGUMENT"
     QUEUE_NOT_FOUND = "QUEUE_NOT_FOUND"
     QUEUE_FULL = "QUEUE_FULL"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import grpc
-from google.rpc import error_details_pb2, status_pb2
+from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]
 
 from shardq.api.v1 import queue_pb2
 from shardq.errors import (
@@ -19,8 +19,10 @@ from shardq.errors import (
 
 
 def _error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
-    trailing = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
-    for key, value in trailing or ():
+    trailing: tuple[tuple[str, str | bytes], ...] = ()
+    if isinstance(error, grpc.Call):
+        trailing = tuple(error.trailing_metadata() or ())
+    for key, value in trailing:
         if key == "grpc-status-details-bin" and isinstance(value, bytes):
             status = status_pb2.Status.FromString(value)
             for detail in status.details:

@@ -12,7 +12,7 @@ from shard_server.domain.context import ShardContext, commit_event
 from shard_server.domain.events import ChangeKind, DeliveryChanged, RemovalKind, Removed
 from shard_server.domain.messages import Delivery, DeliveryState
 from shard_server.domain.store import ShardStore
-from shard_server.domain.transitions import Action, require_transition
+from shard_server.domain.transitions import Action, next_state, require_transition
 from shardq.errors import Reason
 from shardq.receipts import Receipt
 
@@ -52,7 +52,7 @@ def change_visibility(
         return checked
     changed = dataclasses.replace(
         checked,
-        state=require_transition(checked.state, Action.CHANGE_VISIBILITY),
+        state=next_state(checked.state, Action.CHANGE_VISIBILITY),
         visible_at_ms=now_ms + visibility_timeout_ms,
     )
     commit_event(store, context, DeliveryChanged(ChangeKind.VISIBILITY_CHANGED, changed), now_ms=now_ms)
@@ -74,7 +74,7 @@ def release_message(store: ShardStore, context: ShardContext, receipt: Receipt, 
         return checked
     released = dataclasses.replace(
         checked,
-        state=require_transition(checked.state, Action.RELEASE),
+        state=next_state(checked.state, Action.RELEASE),
         visible_at_ms=now_ms + compute_release_backoff_ms(context, checked.receive_count),
     )
     commit_event(store, context, DeliveryChanged(ChangeKind.RELEASED, released), now_ms=now_ms)

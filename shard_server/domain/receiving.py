@@ -13,7 +13,7 @@ from shard_server.domain.context import ShardContext, commit_event
 from shard_server.domain.events import ChangeKind, DeliveryChanged
 from shard_server.domain.messages import Delivery, MessageRecord
 from shard_server.domain.store import ShardStore
-from shard_server.domain.transitions import Action, require_transition
+from shard_server.domain.transitions import Action, next_state
 from shardq.receipts import Receipt
 
 DEAD_LETTER_REASON_MAX_RECEIVES = "max_receive_count"
@@ -55,7 +55,7 @@ def receive_messages(
             if delivery is None:
                 continue
             if max_receives and delivery.receive_count >= max_receives:
-                dead = dataclasses.replace(delivery, state=require_transition(delivery.state, Action.DEAD_LETTER))
+                dead = dataclasses.replace(delivery, state=next_state(delivery.state, Action.DEAD_LETTER))
                 event = DeliveryChanged(ChangeKind.DEAD_LETTERED, dead, DEAD_LETTER_REASON_MAX_RECEIVES)
                 commit_event(store, context, event, now_ms=now_ms)
                 dead_lettered += 1
@@ -65,7 +65,7 @@ def receive_messages(
                 continue
             claim = dataclasses.replace(
                 delivery,
-                state=require_transition(delivery.state, Action.CLAIM),
+                state=next_state(delivery.state, Action.CLAIM),
                 visible_at_ms=now_ms + visibility_timeout_ms,
                 receive_count=delivery.receive_count + 1,
                 first_received_at_ms=delivery.first_received_at_ms or now_ms,

@@ -51,7 +51,16 @@ class IllegalTransition(RuntimeError):
 
 
 def require_transition(state: DeliveryState, action: Action) -> DeliveryState | None:
+    """The state after `action`, or None when the action removes the message."""
     try:
         return TRANSITIONS[(state, action)]
     except KeyError:
         raise IllegalTransition(f"{action.value} is not allowed from {state.name}") from None
+
+
+def next_state(state: DeliveryState, action: Action) -> DeliveryState:
+    """The state after an action that keeps the message stored."""
+    after = require_transition(state, action)
+    if after is None:
+        raise IllegalTransition(f"{action.value} removes the message; it has no next state")
+    return after

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import AsyncIterator
 
@@ -43,7 +44,14 @@ async def keep_shard_tidy(shard: HostedShard) -> None:
             first_entry_at = tx.first_log_entry_at_ms()
             log_due = first_entry_at is not None and first_entry_at < now - config.journal_retention_ms
 
-        def tidy(tx: LmdbShardTransaction, context: ShardContext, at: int) -> int:
+        def tidy(
+            tx: LmdbShardTransaction,
+            context: ShardContext,
+            at: int,
+            expire_due: bool = expire_due,
+            dedup_due: bool = dedup_due,
+            log_due: bool = log_due,
+        ) -> int:
             expired = 0
             if expire_due:
                 expired = housekeeping.expire_messages(tx, context, now_ms=at, limit=EXPIRE_BATCH)
@@ -93,8 +101,7 @@ async def _move_shard_dead_letters(queue: HostedQueue, shard: HostedShard, targe
                 body=record.body,
                 attributes=record.attributes,
                 group_id=record.group_id or (queue.config.name if target.config.fifo else ""),
-                dedup_id="dlq:"
-                + format_message_id(sent_at_ms=record.sent_at_ms, shard=shard.index, seq=record.seq),
+                dedup_id="dlq:" + format_message_id(sent_at_ms=record.sent_at_ms, shard=shard.index, seq=record.seq),
                 delay_ms=0,
                 source_queue=queue.config.name,
             )
@@ -103,11 +110,13 @@ async def _move_shard_dead_letters(queue: HostedQueue, shard: HostedShard, targe
         entries = await target.send(copies)
         delivered = [record.seq for record, entry in zip(present, entries, strict=True) if entry.error is None]
         if delivered:
-            await shard.committer.submit(
-                lambda tx, context, now: housekeeping.complete_dead_letters(tx, context, delivered, now_ms=now)
-            )
+            await shard.committer.submit(functools.partial(_complete_dead_letters, seqs=delivered))
         if len(delivered) < len(present):
             return  # the DLQ refused some (e.g. full): try again on the next round
+
+
+def _complete_dead_letters(tx: LmdbShardTransaction, context: ShardContext, now: int, *, seqs: list[int]) -> int:
+    return housekeeping.complete_dead_letters(tx, context, seqs, now_ms=now)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -150,4 +150,3 @@ def _resolve_all(outcomes: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
             future.set_result(value)
         else:
             future.set_exception(value)
-

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import logging
 import pathlib
@@ -190,7 +191,9 @@ class HostedQueue:
                     wake_at = min(wake_at, max(visible_at, now + 1))
             await self._wait_for_change((wake_at - now) / 1000)
 
-    async def _claim_now(self, max_messages: int, visibility_timeout_ms: int) -> list[tuple[HostedShard, ClaimedMessage]]:
+    async def _claim_now(
+        self, max_messages: int, visibility_timeout_ms: int
+    ) -> list[tuple[HostedShard, ClaimedMessage]]:
         now = wall_clock_ms()
         count = len(self.shards)
         start = next(self._receive_start)
@@ -202,9 +205,7 @@ class HostedQueue:
                 continue  # a read transaction is far cheaper than a write batch
             wanted = max_messages - len(claimed)
             outcome = await shard.committer.submit(
-                lambda tx, context, at: receiving.receive_messages(
-                    tx, context, max_messages=wanted, visibility_timeout_ms=visibility_timeout_ms, now_ms=at
-                ),
+                functools.partial(_claim, max_messages=wanted, visibility_timeout_ms=visibility_timeout_ms),
                 answer_before_commit=True,
             )
             if outcome.dead_lettered:
@@ -306,6 +307,14 @@ class HostedQueue:
             shard.environment.close()
 
 
+def _claim(
+    tx: LmdbShardTransaction, context: ShardContext, now: int, *, max_messages: int, visibility_timeout_ms: int
+) -> receiving.ReceiveOutcome:
+    return receiving.receive_messages(
+        tx, context, max_messages=max_messages, visibility_timeout_ms=visibility_timeout_ms, now_ms=now
+    )
+
+
 def _refuse_orphaned_shards(config: QueueConfig, directory: pathlib.Path) -> None:
     """Shrinking a queue's shard count would strand the messages of the shards dropped."""
     if not directory.exists():
@@ -353,4 +362,3 @@ class QueueHost:
     async def close(self) -> None:
         for queue in self.queues.values():
             await queue.close()
-

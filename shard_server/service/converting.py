@@ -74,7 +74,9 @@ _OK = queue_pb2.EntryResult(ok=True)
 
 
 def entry_results_to_proto(outcomes: Sequence[Reason | None]) -> list[queue_pb2.EntryResult]:
-    return [_OK if reason is None else queue_pb2.EntryResult(ok=False, error=entry_error(reason)) for reason in outcomes]
+    return [
+        _OK if reason is None else queue_pb2.EntryResult(ok=False, error=entry_error(reason)) for reason in outcomes
+    ]
 
 
 def config_to_proto(config: QueueConfig) -> queue_pb2.QueueConfig:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import grpc
 from google.protobuf import any_pb2
-from google.rpc import error_details_pb2, status_pb2
+from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]
 
 from shardq.api.v1 import queue_pb2
 from shardq.errors import ERROR_DOMAIN, Reason, ShardqError
@@ -47,7 +47,7 @@ def status_details(error: ShardqError) -> bytes:
     detail = any_pb2.Any()
     detail.Pack(info)
     status = status_pb2.Status(code=code.value[0], message=error.message, details=[detail])
-    return status.SerializeToString()
+    return bytes(status.SerializeToString())
 
 
 async def abort_with(context: grpc.aio.ServicerContext[object, object], error: ShardqError) -> None:

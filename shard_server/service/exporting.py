@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 
-from shard_server.domain.events import ChangeKind, DeliveryChanged, LogEntry, Purged, Removed, RemovalKind, Sent
+from shard_server.domain.events import ChangeKind, DeliveryChanged, LogEntry, Purged, RemovalKind, Removed, Sent
 from shard_server.domain.messages import Delivery, DeliveryState, MessageRecord, format_message_id
 from shard_server.runtime.committing import wall_clock_ms
 from shard_server.runtime.hosting import HostedQueue, QueueHost
@@ -21,7 +21,7 @@ from shard_server.service.errors import abort_with
 from shardq.api.v1 import export_pb2, export_pb2_grpc
 from shardq.errors import InvalidArgument, ShardqError
 
-Context = grpc.aio.ServicerContext[Any, Any]
+Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 DEFAULT_BATCH = 1_000
 MAX_BATCH = 10_000
 
@@ -71,12 +71,14 @@ def exported_message(
 
 def journal_events(shard: int, entry: LogEntry) -> Iterator[export_pb2.JournalEvent]:
     """Flatten one log entry into lifecycle events (dedup pruning is not one)."""
-    common = {"log_index": entry.index, "epoch": entry.epoch, "at_ms": entry.at_ms, "shard": shard}
     for event in entry.events:
         if isinstance(event, Sent):
             record = event.record
             yield export_pb2.JournalEvent(
-                **common,
+                log_index=entry.index,
+                epoch=entry.epoch,
+                at_ms=entry.at_ms,
+                shard=shard,
                 type=export_pb2.JOURNAL_EVENT_TYPE_SENT,
                 seq=record.seq,
                 message_id=format_message_id(sent_at_ms=record.sent_at_ms, shard=shard, seq=record.seq),
@@ -89,7 +91,10 @@ def journal_events(shard: int, entry: LogEntry) -> Iterator[export_pb2.JournalEv
         elif isinstance(event, DeliveryChanged):
             delivery = event.delivery
             yield export_pb2.JournalEvent(
-                **common,
+                log_index=entry.index,
+                epoch=entry.epoch,
+                at_ms=entry.at_ms,
+                shard=shard,
                 type=_TYPE_BY_CHANGE[event.kind],
                 seq=delivery.seq,
                 message_id=format_message_id(sent_at_ms=delivery.sent_at_ms, shard=shard, seq=delivery.seq),
@@ -100,14 +105,24 @@ def journal_events(shard: int, entry: LogEntry) -> Iterator[export_pb2.JournalEv
             )
         elif isinstance(event, Removed):
             yield export_pb2.JournalEvent(
-                **common,
+                log_index=entry.index,
+                epoch=entry.epoch,
+                at_ms=entry.at_ms,
+                shard=shard,
                 type=_TYPE_BY_REMOVAL[event.kind],
                 seq=event.seq,
                 message_id=format_message_id(sent_at_ms=event.sent_at_ms, shard=shard, seq=event.seq),
                 sent_at_ms=event.sent_at_ms,
             )
         elif isinstance(event, Purged):
-            yield export_pb2.JournalEvent(**common, type=export_pb2.JOURNAL_EVENT_TYPE_PURGED, count=event.count)
+            yield export_pb2.JournalEvent(
+                log_index=entry.index,
+                epoch=entry.epoch,
+                at_ms=entry.at_ms,
+                shard=shard,
+                type=export_pb2.JOURNAL_EVENT_TYPE_PURGED,
+                count=event.count,
+            )
 
 
 def _batch_size(requested: int) -> int:

@@ -7,7 +7,7 @@ import contextlib
 import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import grpc
 
@@ -35,7 +35,7 @@ from shardq.queues import MAX_RECEIVE_BATCH
 
 Request = TypeVar("Request")
 Response = TypeVar("Response")
-Context = grpc.aio.ServicerContext[Any, Any]
+Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 # Streams: how many producer batches one stream may have in flight, and how
 # long a consumer stream waits in one receive before looking at its credits again.
@@ -43,7 +43,9 @@ SEND_STREAM_IN_FLIGHT = 256
 CONSUME_POLL_MS = 1_000
 
 
-def unary(method: str) -> Callable[
+def unary(
+    method: str,
+) -> Callable[
     [Callable[[Any, Request, Context], Awaitable[Response]]], Callable[[Any, Request, Context], Awaitable[Response]]
 ]:
     """Time the call and turn a ShardqError into a status with ErrorInfo."""

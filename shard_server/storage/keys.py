@@ -51,7 +51,7 @@ def index_key(visible_at_ms: int, seq: int) -> bytes:
     return PAIR.pack(visible_at_ms, seq)
 
 
-def parse_index_key(key: bytes) -> tuple[int, int]:
+def parse_index_key(key: bytes | memoryview) -> tuple[int, int]:
     visible_at, seq = PAIR.unpack(key)
     return visible_at, seq
 

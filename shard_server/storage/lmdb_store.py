@@ -152,10 +152,7 @@ class LmdbShardTransaction:
     def eligible(self, now_ms: int, *, after: tuple[int, int] | None, limit: int) -> list[tuple[int, int]]:
         cursor = self.txn.cursor(db=self._index)
         found: list[tuple[int, int]] = []
-        if after is None:
-            positioned = cursor.first()
-        else:
-            positioned = cursor.set_range(keys.index_key(after[0], after[1] + 1))
+        positioned = cursor.first() if after is None else cursor.set_range(keys.index_key(after[0], after[1] + 1))
         while positioned and len(found) < limit:
             key = keys.parse_index_key(cursor.key())
             if key[0] > now_ms:
@@ -204,7 +201,7 @@ class LmdbShardTransaction:
         cursor = self.txn.cursor(db=self._groups)
         if not cursor.set_range(prefix):
             return None
-        key = cursor.key()
+        key = bytes(cursor.key())
         if not key.startswith(prefix) or len(key) != len(prefix) + 8:
             return None
         return int(keys.U64.unpack(key[len(prefix) :])[0])
