@@ -69,7 +69,6 @@ def validate_queue_config(config: QueueConfig) -> None:
         (config.max_receive_count >= 0, "max receive count must be >= 0"),
         (config.max_depth >= 0, "max depth must be >= 0"),
         (0 < config.nack_backoff_base_ms <= config.nack_backoff_max_ms, "nack backoff must be 0 < base <= max"),
-        (config.nack_backoff_max_ms <= config.retention_ms, "nack backoff max must be <= retention"),
         (0 <= config.journal_retention_ms <= MAX_RETENTION_MS, "journal retention must be 0..366d"),
         (config.dead_letter_queue != config.name, "a queue cannot be its own dead-letter queue"),
         (

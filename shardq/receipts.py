@@ -52,6 +52,8 @@ def decode_receipt(text: str) -> Receipt:
         raw = base64.urlsafe_b64decode(text.encode("ascii"))
     except (binascii.Error, UnicodeEncodeError, ValueError):
         raise MalformedReceipt("receipt is not base64url") from None
+    if len(raw) != _LAYOUT.size + _CHECK.size:
+        raise MalformedReceipt("receipt has the wrong length")
     payload, check = raw[: _LAYOUT.size], raw[_LAYOUT.size :]
     if _CHECK.unpack(check)[0] != zlib.crc32(payload):
         raise MalformedReceipt("receipt checksum does not match")

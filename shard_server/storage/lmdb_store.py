@@ -321,13 +321,13 @@ class LmdbShardTransaction:
 
     def prune_dedup(self, *, up_to_ms: int) -> None:
         cursor = self.txn.cursor(db=self._dedup_expiry)
-        positioned = cursor.first()
-        while positioned:
-            key = cursor.key()
+        cursor.first()
+        # After a delete the cursor sits on the next key, or on none (empty key).
+        while key := bytes(cursor.key()):
             if keys.U64.unpack(key[:8])[0] > up_to_ms:
                 break
             self.txn.delete(key[8:], db=self._dedup)
-            positioned = cursor.delete()
+            cursor.delete()
 
     def add_group_member(self, group_id: str, seq: int) -> None:
         self.txn.put(keys.group_key(group_id, seq), b"", db=self._groups)
@@ -355,13 +355,13 @@ class LmdbShardTransaction:
         """
         removed = 0
         cursor = self.txn.cursor(db=self._log)
-        positioned = cursor.first()
-        while positioned and removed < limit:
-            index = keys.U64.unpack(cursor.key())[0]
+        cursor.first()
+        while (key := bytes(cursor.key())) and removed < limit:
+            index = keys.U64.unpack(key)[0]
             _, _, at_ms, _ = decode_entry_head(cursor.value())
             if index > keep_after_index or at_ms >= before_ms:
                 break
-            positioned = cursor.delete()
+            cursor.delete()
             removed += 1
         return removed
 

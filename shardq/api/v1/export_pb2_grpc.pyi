@@ -6,15 +6,13 @@ shard's stored messages and the shard's lifecycle journal. Nothing here
 claims, acknowledges or deletes a message.
 """
 
+from collections import abc as _abc
+from grpc import aio as _aio
+from shardq.api.v1 import export_pb2 as _export_pb2
 import abc as _abc_1
+import grpc as _grpc
 import sys
 import typing as _typing
-from collections import abc as _abc
-
-import grpc as _grpc
-from grpc import aio as _aio
-
-from shardq.api.v1 import export_pb2 as _export_pb2
 
 if sys.version_info >= (3, 11):
     from typing import Self as _Self

@@ -10,15 +10,13 @@ Per-entry failures of batch calls are reported in EntryResult instead, so
 one bad receipt never fails its neighbours.
 """
 
+from collections import abc as _abc
+from grpc import aio as _aio
+from shardq.api.v1 import queue_pb2 as _queue_pb2
 import abc as _abc_1
+import grpc as _grpc
 import sys
 import typing as _typing
-from collections import abc as _abc
-
-import grpc as _grpc
-from grpc import aio as _aio
-
-from shardq.api.v1 import queue_pb2 as _queue_pb2
 
 if sys.version_info >= (3, 11):
     from typing import Self as _Self

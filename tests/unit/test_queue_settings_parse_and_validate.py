@@ -1,0 +1,64 @@
+"""Queue settings read the same from --queue, queues.yaml and a Queue spec; bad ones
+are refused with the setting's name."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardq.durations import format_duration_ms, parse_duration_ms
+from shardq.queues import QueueConfig, parse_queue_option, queue_config_from_spec
+
+
+def test_command_line_spec() -> None:
+    config = parse_queue_option("orders:shards=4,fifo=true,visibility=10s,dead_letter_queue=dlq,max_receive_count=3")
+    assert config == QueueConfig(
+        name="orders", shards=4, fifo=True, visibility_timeout_ms=10_000, dead_letter_queue="dlq", max_receive_count=3
+    )
+
+
+def test_queue_resource_spec_with_camel_case_and_redrive_policy() -> None:
+    spec = {
+        "shards": 2,
+        "visibilityTimeout": "45s",
+        "retention": "14d",
+        "maxMessageSize": "2MiB",
+        "redrivePolicy": {"deadLetterQueue": "dlq", "maxReceiveCount": 5},
+        "deliveryDelay": "1h",
+    }
+    config = queue_config_from_spec("orders", spec)
+    assert config.visibility_timeout_ms == 45_000
+    assert config.retention_ms == 14 * 86_400_000
+    assert config.max_message_bytes == 2 * 1024 * 1024
+    assert (config.dead_letter_queue, config.max_receive_count) == ("dlq", 5)
+    # Beyond SQS's 15-minute delay cap: anything up to the retention period.
+    assert config.delivery_delay_ms == 3_600_000
+
+
+@pytest.mark.parametrize(
+    ("spec", "problem"),
+    [
+        ("orders:shards=0", "shards"),
+        ("orders:visibility=30d", "visibility timeout"),
+        ("orders:color=blue", "color: unknown queue setting"),
+        ("orders:dead_letter_queue=dlq", "go together"),
+        ("Orders", "DNS label"),
+        ("orders:visibility=soon", "visibility"),
+        ("orders:fifo=maybe", "fifo"),
+        ("orders:dead_letter_queue=orders,max_receive_count=1", "own dead-letter queue"),
+    ],
+)
+def test_bad_settings_name_the_problem(spec: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        parse_queue_option(spec)
+
+
+@pytest.mark.parametrize(
+    ("text", "ms"), [("250ms", 250), ("30s", 30_000), ("1h30m", 5_400_000), ("2", 2_000), ("7d", 604_800_000)]
+)
+def test_durations(text: str, ms: int) -> None:
+    assert parse_duration_ms(text) == ms
+
+
+def test_duration_formatting_round_trips() -> None:
+    for ms in (250, 30_000, 5_400_000, 604_800_000):
+        assert parse_duration_ms(format_duration_ms(ms)) == ms
