@@ -7,6 +7,7 @@ import it, never the other way round.
 
 from shardq.aio import AsyncClient, ConsumerStream
 from shardq.client import Client
+from shardq.consumer import ConsumerStats, run_consumer
 from shardq.errors import (
     InvalidArgument,
     NotLeader,
@@ -30,6 +31,7 @@ from shardq.types import (
 __all__ = [
     "AsyncClient",
     "Client",
+    "ConsumerStats",
     "ConsumerStream",
     "EntryResult",
     "InvalidArgument",
@@ -46,4 +48,5 @@ __all__ = [
     "ShardRoute",
     "ShardqError",
     "Unavailable",
+    "run_consumer",
 ]

@@ -8,11 +8,13 @@ producer-stream batches exactly as concurrent coroutines are.
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
-from collections.abc import Awaitable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 from shardq.aio import DEFAULT_ENDPOINT, AsyncClient
+from shardq.consumer import ConsumerStats, run_consumer
 from shardq.types import EntryResult, Message, QueueAttributes, ReceivedMessage, RedriveProgress, SendResult, ShardRoute
 
 T = TypeVar("T")
@@ -101,6 +103,44 @@ class Client:
 
     def list_queues(self) -> list[str]:
         return self._run(self._async.list_queues())
+
+    def run_consumer(
+        self,
+        queue: str,
+        handler: Callable[[ReceivedMessage], None],
+        *,
+        concurrency: int = 8,
+        visibility_timeout_ms: int = 30_000,
+        max_messages: int | None = None,
+    ) -> ConsumerStats:
+        """Blocking consumer loop (see shardq.consumer.run_consumer); SIGTERM/SIGINT stop it cleanly."""
+        stop = self._run(self._make_event())
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                previous[signum] = signal.signal(
+                    signum, lambda *_: self._loop.call_soon_threadsafe(stop.set)
+                )
+        try:
+            return self._run(
+                run_consumer(
+                    self._async,
+                    queue,
+                    handler,
+                    concurrency=concurrency,
+                    visibility_timeout_ms=visibility_timeout_ms,
+                    stop=stop,
+                    handle_signals=False,
+                    max_messages=max_messages,
+                )
+            )
+        finally:
+            for signum, handler_before in previous.items():
+                signal.signal(signum, handler_before)
+
+    @staticmethod
+    async def _make_event() -> asyncio.Event:
+        return asyncio.Event()
 
     def redrive(
         self, *, source: str, destination: str, rate_per_second: float = 0, max_messages: int = 0

@@ -20,7 +20,8 @@ from shardq.errors import (
 
 def _error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
     trailing: tuple[tuple[str, str | bytes], ...] = ()
-    if isinstance(error, grpc.Call):
+    # grpc.aio's AioRpcError is not a grpc.Call, yet carries trailing metadata too.
+    if isinstance(error, grpc.Call | grpc.aio.AioRpcError):
         trailing = tuple(error.trailing_metadata() or ())
     for key, value in trailing:
         if key == "grpc-status-details-bin" and isinstance(value, bytes):

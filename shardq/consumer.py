@@ -1,0 +1,131 @@
+"""The consumer helper: receive, run a handler, keep the message hidden while it
+runs (heartbeat), delete on success, release with backoff on failure, and stop
+cleanly on SIGTERM/SIGINT without losing or double-handling anything."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import inspect
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+
+from shardq.aio import AsyncClient
+from shardq.errors import ShardqError
+from shardq.types import ReceivedMessage
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[ReceivedMessage], Awaitable[None] | None]
+
+
+@dataclasses.dataclass
+class ConsumerStats:
+    handled: int = 0
+    failed: int = 0
+    heartbeats: int = 0
+    returned_unhandled: int = 0
+
+
+async def _heartbeat(client: AsyncClient, queue: str, receipt: str, visibility_ms: int, stats: ConsumerStats) -> None:
+    """Extend the claim every third of the visibility timeout while the handler runs."""
+    period = max(visibility_ms / 3000, 0.05)
+    while True:
+        await asyncio.sleep(period)
+        try:
+            (result,) = await client.change_visibility(queue, [(receipt, visibility_ms)])
+        except ShardqError as error:
+            log.warning("heartbeat failed for a message of %s: %s", queue, error)
+            continue
+        if not result.ok:
+            log.warning("heartbeat refused (%s): the message may be handled twice", result.reason)
+            return
+        stats.heartbeats += 1
+
+
+async def run_consumer(
+    client: AsyncClient,
+    queue: str,
+    handler: Handler,
+    *,
+    concurrency: int = 8,
+    visibility_timeout_ms: int = 30_000,
+    stop: asyncio.Event | None = None,
+    handle_signals: bool = True,
+    max_messages: int | None = None,
+) -> ConsumerStats:
+    """Consume until `stop` is set, a signal arrives, or `max_messages` were handled.
+
+    A synchronous handler runs in a worker thread; an async one on the loop.
+    """
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if handle_signals:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(RuntimeError, ValueError):  # not the main thread
+                loop.add_signal_handler(signum, stop.set)
+    stats = ConsumerStats()
+    slots = asyncio.Semaphore(concurrency)
+    running: set[asyncio.Task[None]] = set()
+
+    async with client.consume(queue, credits=concurrency, visibility_timeout_ms=visibility_timeout_ms) as stream:
+
+        async def handle(message: ReceivedMessage) -> None:
+            beat = asyncio.create_task(_heartbeat(client, queue, message.receipt, visibility_timeout_ms, stats))
+            try:
+                if inspect.iscoroutinefunction(handler):
+                    await handler(message)
+                else:
+                    await asyncio.to_thread(handler, message)
+            except Exception as error:
+                log.warning(
+                    "handler failed for message %s (%s); releasing it with backoff",
+                    message.message_id,
+                    error,
+                    exc_info=log.isEnabledFor(logging.DEBUG),
+                )
+                stats.failed += 1
+                beat.cancel()
+                await stream.release([message.receipt])
+            else:
+                beat.cancel()
+                (result,) = await stream.delete([message.receipt])
+                if result.ok:
+                    stats.handled += 1
+                else:
+                    log.warning("delete of %s refused: %s", message.message_id, result.reason)
+            finally:
+                beat.cancel()
+                slots.release()
+
+        messages = stream.messages()
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            while not stop.is_set():
+                if max_messages is not None and stats.handled + stats.failed + len(running) >= max_messages:
+                    if not running:
+                        break
+                    await asyncio.wait(set(running), return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                await slots.acquire()
+                next_message = asyncio.create_task(anext(messages))
+                done, _ = await asyncio.wait({next_message, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if next_message not in done:
+                    next_message.cancel()
+                    slots.release()
+                    break
+                try:
+                    message = next_message.result()
+                except StopAsyncIteration:
+                    slots.release()
+                    break
+                task = asyncio.create_task(handle(message))
+                running.add(task)
+                task.add_done_callback(running.discard)
+        finally:
+            stopping.cancel()
+            if running:
+                await asyncio.wait(set(running))
+    return stats
