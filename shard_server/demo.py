@@ -105,9 +105,9 @@ async def _run_demo(endpoint: str, server: subprocess.Popen[bytes], duration_s: 
         consumer_stats = ConsumerStats()
 
         async def consume() -> None:
-            nonlocal consumer_stats
-            result = await run_consumer(client, QUEUE, handle, concurrency=16, stop=stop, handle_signals=False)
-            consumer_stats = result
+            await run_consumer(
+                client, QUEUE, handle, concurrency=16, stop=stop, handle_signals=False, stats=consumer_stats
+            )
 
         reporter = asyncio.create_task(report())
         await asyncio.gather(produce(), consume())

@@ -55,10 +55,12 @@ async def run_consumer(
     stop: asyncio.Event | None = None,
     handle_signals: bool = True,
     max_messages: int | None = None,
+    stats: ConsumerStats | None = None,
 ) -> ConsumerStats:
     """Consume until `stop` is set, a signal arrives, or `max_messages` were handled.
 
     A synchronous handler runs in a worker thread; an async one on the loop.
+    Pass `stats` to watch the counts while it runs.
     """
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -66,7 +68,7 @@ async def run_consumer(
         for signum in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(RuntimeError, ValueError):  # not the main thread
                 loop.add_signal_handler(signum, stop.set)
-    stats = ConsumerStats()
+    stats = stats if stats is not None else ConsumerStats()
     slots = asyncio.Semaphore(concurrency)
     running: set[asyncio.Task[None]] = set()
 
