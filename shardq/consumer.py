@@ -10,7 +10,7 @@ import dataclasses
 import inspect
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from shardq.aio import AsyncClient
 from shardq.errors import ShardqError
@@ -43,6 +43,10 @@ async def _heartbeat(client: AsyncClient, queue: str, receipt: str, visibility_m
             log.warning("heartbeat refused (%s): the message may be handled twice", result.reason)
             return
         stats.heartbeats += 1
+
+
+async def _next(messages: AsyncIterator[ReceivedMessage]) -> ReceivedMessage:
+    return await anext(messages)
 
 
 async def run_consumer(
@@ -112,7 +116,7 @@ async def run_consumer(
                     await asyncio.wait(set(running), return_when=asyncio.FIRST_COMPLETED)
                     continue
                 await slots.acquire()
-                next_message = asyncio.create_task(anext(messages))
+                next_message: asyncio.Task[ReceivedMessage] = asyncio.create_task(_next(messages))
                 done, _ = await asyncio.wait({next_message, stopping}, return_when=asyncio.FIRST_COMPLETED)
                 if next_message not in done:
                     next_message.cancel()
