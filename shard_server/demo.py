@@ -30,6 +30,7 @@ from shardq.types import ReceivedMessage
 QUEUE = "demo"
 DLQ = "demo-dlq"
 READY_TIMEOUT_S = 30
+DEMO_REDRIVE = f"dead_letter_queue={DLQ},max_receive_count=3"
 
 
 def _free_port() -> int:
@@ -38,11 +39,13 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _start_server(data_dir: pathlib.Path, port: int, metrics_port: int, log_path: pathlib.Path) -> subprocess.Popen[bytes]:
+def _start_server(
+    data_dir: pathlib.Path, port: int, metrics_port: int, log_path: pathlib.Path
+) -> subprocess.Popen[bytes]:
     command = [
         sys.executable, "-m", "shardq", "serve",
         "--data-dir", str(data_dir), "--port", str(port), "--metrics-port", str(metrics_port),
-        "--queue", f"{QUEUE}:shards=4,visibility=5s,dead_letter_queue={DLQ},max_receive_count=3,nack_backoff_base=200ms",
+        "--queue", f"{QUEUE}:shards=4,visibility=5s,{DEMO_REDRIVE},nack_backoff_base=200ms",
         "--queue", DLQ, "--log-format", "text",
     ]  # fmt: skip
     with log_path.open("ab") as log_file:

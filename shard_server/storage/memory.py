@@ -28,7 +28,7 @@ class MemoryShardStore:
 
     def eligible(self, now_ms: int, *, after: tuple[int, int] | None, limit: int) -> list[tuple[int, int]]:
         start = 0 if after is None else bisect.bisect_right(self.index, after)
-        found = []
+        found: list[tuple[int, int]] = []
         for key in self.index[start:]:
             if key[0] > now_ms or len(found) >= limit:
                 break
