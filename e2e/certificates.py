@@ -1,0 +1,191 @@
+"""The throw-away PKI of one e2e control plane: a CA, serving and client certificates, and
+the service-account signing key, written as PEM files into the control plane's work dir."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+# Long enough for any test session, short enough that a leaked key is worthless soon.
+_VALIDITY = datetime.timedelta(days=2)
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    cert: Path
+    key: Path
+
+
+@dataclass(frozen=True)
+class Pki:
+    ca: KeyPair
+    apiserver: KeyPair
+    admin: KeyPair
+    controller_manager: KeyPair
+    # The service-account token signing key; the public half verifies tokens.
+    service_account_key: Path
+    service_account_public_key: Path
+
+
+def _new_key() -> ec.EllipticCurvePrivateKey:
+    # P-256 keys are generated in microseconds; RSA would cost seconds on 2 cores.
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)
+
+
+def _name(common_name: str, organization: str | None = None) -> x509.Name:
+    attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if organization is not None:
+        # Kubernetes reads a client certificate's O as the user's groups.
+        attributes.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    return x509.Name(attributes)
+
+
+def _issue(
+    *,
+    subject: x509.Name,
+    key: ec.EllipticCurvePrivateKey,
+    issuer: x509.Name,
+    issuer_key: ec.EllipticCurvePrivateKey,
+    is_ca: bool,
+    usages: list[x509.ObjectIdentifier],
+    sans: list[x509.GeneralName],
+) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + _VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=is_ca, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=not is_ca,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=is_ca,
+                crl_sign=is_ca,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+    )
+    if usages:
+        builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def _write_pair(directory: Path, stem: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> KeyPair:
+    pair = KeyPair(cert=directory / f"{stem}.crt", key=directory / f"{stem}.key")
+    pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(key, pair.key)
+    return pair
+
+
+def build_pki(directory: Path, *, service_ip: str) -> Pki:
+    """Write a fresh CA and every certificate the control plane needs into `directory`.
+
+    `service_ip` is the ClusterIP of the `kubernetes` Service; it is in the serving
+    certificate as a real cluster's is, although nothing here routes to it.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key = _new_key()
+    ca_name = _name("shardq-e2e-ca")
+    ca_cert = _issue(
+        subject=ca_name,
+        key=ca_key,
+        issuer=ca_name,
+        issuer_key=ca_key,
+        is_ca=True,
+        usages=[],
+        sans=[],
+    )
+    ca = _write_pair(directory, "ca", ca_cert, ca_key)
+
+    def leaf(
+        stem: str,
+        subject: x509.Name,
+        usage: x509.ObjectIdentifier,
+        sans: list[x509.GeneralName],
+    ) -> KeyPair:
+        key = _new_key()
+        cert = _issue(
+            subject=subject,
+            key=key,
+            issuer=ca_name,
+            issuer_key=ca_key,
+            is_ca=False,
+            usages=[usage],
+            sans=sans,
+        )
+        return _write_pair(directory, stem, cert, key)
+
+    serving_sans: list[x509.GeneralName] = [
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        x509.IPAddress(ipaddress.ip_address(service_ip)),
+        x509.DNSName("localhost"),
+        x509.DNSName("kubernetes"),
+        x509.DNSName("kubernetes.default"),
+        x509.DNSName("kubernetes.default.svc"),
+        x509.DNSName("kubernetes.default.svc.cluster.local"),
+    ]
+    apiserver = leaf(
+        "apiserver",
+        _name("kube-apiserver"),
+        ExtendedKeyUsageOID.SERVER_AUTH,
+        serving_sans,
+    )
+    admin = leaf(
+        "admin",
+        _name("shardq-e2e-admin", "system:masters"),
+        ExtendedKeyUsageOID.CLIENT_AUTH,
+        [],
+    )
+    # The user name the bootstrap RBAC policy grants the controller manager's own rights to.
+    controller_manager = leaf(
+        "controller-manager",
+        _name("system:kube-controller-manager"),
+        ExtendedKeyUsageOID.CLIENT_AUTH,
+        [],
+    )
+
+    sa_key = _new_key()
+    service_account_key = directory / "service-account.key"
+    _write_key(sa_key, service_account_key)
+    service_account_public_key = directory / "service-account.pub"
+    service_account_public_key.write_bytes(
+        sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    return Pki(
+        ca=ca,
+        apiserver=apiserver,
+        admin=admin,
+        controller_manager=controller_manager,
+        service_account_key=service_account_key,
+        service_account_public_key=service_account_public_key,
+    )

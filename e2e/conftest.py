@@ -1,0 +1,87 @@
+"""Fixtures of the e2e tests: one real control plane per session, a fresh namespace per test."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Generator, Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from e2e.binaries import Binaries, locate_binaries, require
+from e2e.kubecluster import ControlPlane, start_control_plane, stop_control_plane
+
+# Set to keep the work dir (certificates, kubeconfigs, etcd data, process logs) for a look.
+KEEP_WORKDIR_ENV = "SHARDQ_E2E_KEEP_WORKDIR"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "controlplane: runs against the binaries built by e2e/controlplane/build.sh "
+        "(etcd, kube-apiserver, kube-controller-manager, kubectl, helm, promtool)",
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    plane = getattr(item, "funcargs", {}).get("control_plane")
+    if report.failed and isinstance(plane, ControlPlane):
+        report.sections.append(("control plane logs", plane.logs()))
+    return report
+
+
+@pytest.fixture(scope="session")
+def binaries() -> Binaries:
+    return locate_binaries()
+
+
+@pytest.fixture(scope="session")
+def control_plane(binaries: Binaries) -> Iterator[ControlPlane]:
+    """etcd, kube-apiserver and kube-controller-manager on free 127.0.0.1 ports."""
+    require(binaries.etcd, binaries.kube_apiserver, binaries.kube_controller_manager)
+    workdir = Path(tempfile.mkdtemp(prefix="shardq-e2e-"))
+    plane = start_control_plane(binaries, workdir=workdir)
+    try:
+        yield plane
+    finally:
+        stop_control_plane(plane, keep_workdir=bool(os.environ.get(KEEP_WORKDIR_ENV)))
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(control_plane: ControlPlane) -> Path:
+    """An admin kubeconfig (client certificate in group system:masters)."""
+    return control_plane.kubeconfig
+
+
+@pytest.fixture(scope="session")
+def api_client(control_plane: ControlPlane) -> Iterator[client.ApiClient]:
+    """The official Python client, authenticated as the admin."""
+    with control_plane.api_client() as api:
+        yield api
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane, api_client: client.ApiClient) -> Iterator[str]:
+    """A fresh namespace for one test, deleted after it."""
+    control_plane.ensure_running()
+    core = client.CoreV1Api(api_client)
+    name = f"e2e-{uuid.uuid4().hex[:10]}"
+    core.create_namespace(
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"shardq.e2e/test": "true"}))
+    )
+    try:
+        yield name
+    finally:
+        try:
+            core.delete_namespace(name)
+        except ApiException as error:
+            if error.status != 404:
+                raise

@@ -1,0 +1,277 @@
+#!/usr/bin/env bash
+# Builds (or reuses) the binaries the e2e tests run: kube-apiserver,
+# kube-controller-manager and kubectl (k8s.io/kubernetes), etcd, helm, and
+# extracts promtool from Debian's prometheus package. Versions come from
+# versions.env beside this script.
+#
+# Everything goes under ${XDG_CACHE_HOME:-$HOME/.cache}/shardq/, keyed by
+# version: binaries in <tool>-<version>/bin, the Go module and build caches in
+# go/. A tool whose bin directory is complete is not rebuilt, so a second run
+# takes seconds. A cold run took 6.5 minutes on 2 cores (see e2e/README.md).
+#
+# Usage: e2e/controlplane/build.sh            build what is missing
+#        e2e/controlplane/build.sh --print    also print KEY=path lines for the bin dirs
+set -Eeuo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source-path=SCRIPTDIR source=versions.env
+source "${here}/versions.env"
+
+cache="${XDG_CACHE_HOME:-${HOME}/.cache}/shardq"
+# Bumped when the way a tool is built changes, so old cached builds are redone.
+readonly RECIPE=1
+
+log() { printf '[build.sh %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+trap 'die "failed at line ${LINENO}: ${BASH_COMMAND}"' ERR
+
+command -v go >/dev/null || die "go is not installed"
+command -v python3 >/dev/null || die "python3 is not installed"
+
+# The Go environment is ours alone: a user's GOFLAGS or a go.work must not leak in.
+export GOTOOLCHAIN=local
+export GOFLAGS=-mod=mod
+export GOWORK=off
+export CGO_ENABLED=0
+export GOMODCACHE="${cache}/go/mod"
+export GOCACHE="${cache}/go/build"
+export GOPATH="${cache}/go/path"
+mkdir -p "${GOMODCACHE}" "${GOCACHE}" "${GOPATH}"
+# Two runs at once (a developer and CI on one machine) would share work dirs.
+exec 9>"${cache}/.build.lock"
+if ! flock -n 9; then
+  log "another build.sh holds ${cache}/.build.lock; waiting for it"
+  flock 9
+fi
+# Others share this machine's cores.
+gobuild() { nice -n 10 go build -trimpath "$@"; }
+
+# stamp_of NAME VERSION FILES... -> the text a complete bin dir's .complete holds
+stamp_of() {
+  local name="$1" version="$2"; shift 2
+  printf '%s %s recipe=%s go=%s %s\n' "${name}" "${version}" "${RECIPE}" \
+    "$(go env GOVERSION)" "$(cat "$@" 2>/dev/null | sha256sum | cut -c1-16)"
+}
+
+# is_complete BINDIR STAMP BINARIES...
+is_complete() {
+  local bindir="$1" stamp="$2"; shift 2
+  [[ -f "${bindir}/.complete" && "$(cat "${bindir}/.complete")" == "${stamp}" ]] || return 1
+  local b
+  for b in "$@"; do [[ -x "${bindir}/${b}" ]] || return 1; done
+}
+
+# install_bindir TMPDIR BINDIR STAMP: move a finished build into place atomically.
+install_bindir() {
+  local tmp="$1" bindir="$2" stamp="$3"
+  printf '%s' "${stamp}" >"${tmp}/.complete"
+  rm -rf "${bindir}.old"
+  [[ -e "${bindir}" ]] && mv "${bindir}" "${bindir}.old"
+  mkdir -p "$(dirname "${bindir}")"
+  mv "${tmp}" "${bindir}"
+  rm -rf "${bindir}.old"
+}
+
+# expect_version BINARY EXPECTED ARGS...: the binary runs and reports EXPECTED.
+expect_version() {
+  local bin="$1" expected="$2"; shift 2
+  local out
+  out="$("${bin}" "$@" 2>&1)" || die "$(basename "${bin}") $* failed: ${out}"
+  grep -qF -- "${expected}" <<<"${out}" ||
+    die "$(basename "${bin}") $* reports '${out}', expected it to contain '${expected}'"
+  log "  $(basename "${bin}"): $(head -n1 <<<"${out}")"
+}
+
+build_kubernetes() {
+  local version="${K8S_VERSION}"
+  local bindir="${cache}/k8s-${version}/bin"
+  local bins=(kube-apiserver kube-controller-manager kubectl)
+  local stamp
+  stamp="$(stamp_of k8s "${version}" "${here}/k8s/go.mod")"
+  if is_complete "${bindir}" "${stamp}" "${bins[@]}"; then
+    log "kubernetes ${version}: up to date in ${bindir}"
+    return
+  fi
+  log "kubernetes ${version}: building ${bins[*]} (cold: about 5 minutes on 2 cores)"
+  local work="${cache}/work/k8s-${version}"
+  rm -rf "${work}" && mkdir -p "${work}"
+  cp "${here}/k8s/go.mod" "${work}/go.mod"
+  cd "${work}"
+
+  log "kubernetes ${version}: reading the staging modules from k8s.io/kubernetes' go.mod"
+  local upstream_gomod
+  upstream_gomod="$(go mod download -json "k8s.io/kubernetes@${version}" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
+  [[ -s "${upstream_gomod}" ]] || die "no go.mod downloaded for k8s.io/kubernetes@${version}"
+  # k8s.io/kubernetes replaces each staging module (k8s.io/api, k8s.io/client-go, ...)
+  # with ./staging/src/<path>; outside that repository the same code is the
+  # published module at v0.<minor>.<patch>.
+  local staging_version="v0.${version#v1.}"
+  local edits
+  edits="$(go mod edit -json "${upstream_gomod}" | python3 -c '
+import json, sys
+mod = json.load(sys.stdin)
+staging = sorted(
+    r["Old"]["Path"] for r in mod.get("Replace") or []
+    if r["New"]["Path"].startswith("./staging/")
+)
+if not staging:
+    sys.exit("no ./staging/ replace directives found")
+print("-go=" + mod["Go"])
+for g in mod.get("Godebug") or []:
+    print("-godebug=%s=%s" % (g["Key"], g["Value"]))
+for path in staging:
+    print("-replace=%s=%s@%s" % (path, path, sys.argv[1]))
+' "${staging_version}")"
+  local -a edit_args
+  mapfile -t edit_args <<<"${edits}"
+  log "kubernetes ${version}: replacing $(grep -c -- '-replace=' <<<"${edits}") staging modules with ${staging_version}"
+  go mod edit -require="k8s.io/kubernetes@${version}" "${edit_args[@]}"
+
+  log "kubernetes ${version}: resolving and downloading modules (go mod tidy)"
+  go mod tidy
+
+  # The same -X flags as hack/lib/version.sh, so --version reports the release.
+  local minor="${version#v1.}"; minor="${minor%%.*}"
+  local build_date
+  # The release's commit time, from the module proxy, keeps the build reproducible.
+  build_date="$(go mod download -json "k8s.io/kubernetes@${version}" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["Info"])' |
+    xargs python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["Time"])')"
+  local ldflags="-s -w" pkg key val
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    for key in gitVersion gitMajor gitMinor gitTreeState buildDate; do
+      case "${key}" in
+        gitVersion) val="${version}" ;;
+        gitMajor) val="1" ;;
+        gitMinor) val="${minor}" ;;
+        gitTreeState) val="clean" ;;
+        buildDate) val="${build_date}" ;;
+      esac
+      ldflags+=" -X ${pkg}.${key}=${val}"
+    done
+  done
+
+  local tmp="${bindir}.tmp"
+  rm -rf "${tmp}" && mkdir -p "${tmp}"
+  log "kubernetes ${version}: compiling (nice -n 10; this is the long step)"
+  gobuild -ldflags "${ldflags}" -o "${tmp}/" \
+    k8s.io/kubernetes/cmd/kube-apiserver \
+    k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kubectl
+  expect_version "${tmp}/kube-apiserver" "Kubernetes ${version}" --version
+  expect_version "${tmp}/kube-controller-manager" "Kubernetes ${version}" --version
+  expect_version "${tmp}/kubectl" "${version}" version --client
+  install_bindir "${tmp}" "${bindir}" "${stamp}"
+  log "kubernetes ${version}: installed into ${bindir}"
+}
+
+build_etcd() {
+  local version="${ETCD_VERSION}"
+  local bindir="${cache}/etcd-${version}/bin"
+  local stamp
+  stamp="$(stamp_of etcd "${version}" "${here}/etcd/go.mod")"
+  if is_complete "${bindir}" "${stamp}" etcd; then
+    log "etcd ${version}: up to date in ${bindir}"
+    return
+  fi
+  log "etcd ${version}: building"
+  local work="${cache}/work/etcd-${version}"
+  rm -rf "${work}" && mkdir -p "${work}"
+  cp "${here}/etcd/go.mod" "${work}/go.mod"
+  cd "${work}"
+  go mod edit -require="go.etcd.io/etcd/server/v3@${version}"
+  go mod tidy
+  # etcd's version number is a constant of go.etcd.io/etcd/api/v3/version (the
+  # module version tidy selected); only the commit is a link-time variable, and
+  # the module proxy does not tell it.
+  local tmp="${bindir}.tmp"
+  rm -rf "${tmp}" && mkdir -p "${tmp}"
+  gobuild -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=module-${version}" \
+    -o "${tmp}/etcd" go.etcd.io/etcd/server/v3
+  expect_version "${tmp}/etcd" "etcd Version: ${version#v}" --version
+  install_bindir "${tmp}" "${bindir}" "${stamp}"
+  log "etcd ${version}: installed into ${bindir}"
+}
+
+build_helm() {
+  local version="${HELM_VERSION}"
+  local major="${version%%.*}"
+  local bindir="${cache}/helm-${version}/bin"
+  local stamp
+  stamp="$(stamp_of helm "${version}")"
+  if is_complete "${bindir}" "${stamp}" helm; then
+    log "helm ${version}: up to date in ${bindir}"
+    return
+  fi
+  log "helm ${version}: building"
+  local helm_gomod
+  helm_gomod="$(go mod download -json "helm.sh/helm/${major}@${version}" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
+  # helm's Makefile stamps the Kubernetes version its client libraries speak.
+  local k8s_minor
+  k8s_minor="$(go mod edit -json "${helm_gomod}" | python3 -c '
+import json, sys
+mod = json.load(sys.stdin)
+(v,) = [r["Version"] for r in mod["Require"] if r["Path"] == "k8s.io/client-go"]
+print(v.split(".")[1])')"
+  local p="helm.sh/helm/${major}"
+  local ldflags="-s -w -X ${p}/internal/version.version=${version}"
+  ldflags+=" -X ${p}/internal/version.gitTreeState=clean"
+  ldflags+=" -X ${p}/pkg/lint/rules.k8sVersionMajor=1 -X ${p}/pkg/lint/rules.k8sVersionMinor=${k8s_minor}"
+  ldflags+=" -X ${p}/pkg/chartutil.k8sVersionMajor=1 -X ${p}/pkg/chartutil.k8sVersionMinor=${k8s_minor}"
+  local tmp="${bindir}.tmp"
+  rm -rf "${tmp}" && mkdir -p "${tmp}"
+  # helm's go.mod has no replace directives, so it installs by version directly.
+  GOBIN="${tmp}" nice -n 10 go install -trimpath -ldflags "${ldflags}" "${p}/cmd/helm@${version}"
+  expect_version "${tmp}/helm" "${version}" version --short
+  install_bindir "${tmp}" "${bindir}" "${stamp}"
+  log "helm ${version}: installed into ${bindir}"
+}
+
+extract_promtool() {
+  local package="${PROMTOOL_DEB_PACKAGE}"
+  local bindir="${cache}/promtool-debian/bin"
+  local stamp
+  stamp="$(stamp_of promtool "${package}")"
+  if is_complete "${bindir}" "${stamp}" promtool; then
+    log "promtool: up to date in ${bindir}"
+    return
+  fi
+  command -v apt-get >/dev/null || die "apt-get is needed to fetch Debian's ${package} package"
+  # Only the .deb is downloaded and unpacked: installing the package would pull in
+  # and start a Prometheus server, which the tests do not want.
+  local policy
+  policy="$(apt-cache policy "${package}" 2>/dev/null || true)"
+  if ! grep -q 'Candidate: [0-9]' <<<"${policy}"; then
+    log "promtool: apt has no candidate for ${package}; running apt-get update"
+    apt-get update -qq
+  fi
+  local dl
+  dl="$(mktemp -d)"
+  chmod 755 "${dl}" # apt's _apt sandbox user must be able to write here
+  log "promtool: downloading Debian package ${package}"
+  (cd "${dl}" && apt-get download -qq "${package}")
+  local deb
+  deb="$(ls "${dl}"/"${package}"_*.deb)"
+  dpkg-deb -x "${deb}" "${dl}/root"
+  local tmp="${bindir}.tmp"
+  rm -rf "${tmp}" && mkdir -p "${tmp}"
+  cp "${dl}/root/usr/bin/promtool" "${tmp}/promtool"
+  rm -rf "${dl}"
+  expect_version "${tmp}/promtool" "promtool, version" --version
+  install_bindir "${tmp}" "${bindir}" "${stamp}"
+  log "promtool: installed into ${bindir} (from $(basename "${deb}"))"
+}
+
+started=${SECONDS}
+build_etcd
+build_helm
+extract_promtool
+build_kubernetes
+log "all binaries ready in ${cache} ($((SECONDS - started))s)"
+if [[ "${1:-}" == "--print" ]]; then
+  printf 'K8S_BIN=%s\nETCD_BIN=%s\nHELM_BIN=%s\nPROMTOOL_BIN=%s\n' \
+    "${cache}/k8s-${K8S_VERSION}/bin" "${cache}/etcd-${ETCD_VERSION}/bin" \
+    "${cache}/helm-${HELM_VERSION}/bin" "${cache}/promtool-debian/bin"
+fi

@@ -1,0 +1,343 @@
+"""A real Kubernetes control plane as local processes: etcd, kube-apiserver and
+kube-controller-manager, all bound to 127.0.0.1 on free ports.
+
+There is no kubelet and no scheduler: pods stay Pending until a test plays the
+kubelet's part with e2e.fakekubelet.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from kubernetes import client
+
+from e2e.binaries import Binaries
+from e2e.certificates import KeyPair, Pki, build_pki
+from e2e.polling import wait_for
+
+SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"  # what k8s' test/integration/framework uses
+KUBERNETES_SERVICE_IP = "10.0.0.1"  # the first address of that range
+# kube-apiserver writes its advertise address into the `kubernetes` Endpoints and never
+# connects to it. Endpoint validation rejects loopback and link-local addresses, and
+# the default (the host's default-route interface, which k8s' own integration
+# framework relies on) fails on a host without a default route. An RFC 5737
+# documentation address is valid everywhere and routes to nothing.
+ADVERTISE_ADDRESS = "203.0.113.10"
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+
+_STOP_GRACE_SECONDS = 15.0
+_LOG_TAIL_LINES = 40
+_PR_SET_PDEATHSIG = 1
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane failed to start or one of its processes died."""
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: if pytest itself is killed, the kernel
+    # kills the control plane too instead of leaving servers behind.
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    log_file: IO[bytes]
+
+    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+        self.log_file.flush()
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def stop(self, grace: float = _STOP_GRACE_SECONDS) -> None:
+        """SIGTERM, then SIGKILL if the process has not exited within `grace` seconds."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=grace)
+        self.log_file.close()
+
+
+@dataclass
+class ControlPlane:
+    workdir: Path
+    server: str
+    kubeconfig: Path
+    pki: Pki
+    kubernetes_version: str
+    processes: list[Process] = field(default_factory=list)
+
+    def spawn(self, name: str, args: list[str]) -> Process:
+        log_path = self.workdir / f"{name}.log"
+        log_file = log_path.open("wb")
+        popen = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=self.workdir,
+            # Its own session: a Ctrl-C in the terminal reaches pytest, which then stops
+            # the processes in order, rather than every process at once.
+            start_new_session=True,
+            # Safe here: fixtures spawn from the main thread while no other thread runs.
+            preexec_fn=_die_with_parent,  # noqa: PLW1509
+        )
+        process = Process(name=name, popen=popen, log_path=log_path, log_file=log_file)
+        self.processes.append(process)
+        return process
+
+    def ensure_running(self) -> None:
+        """Raise ControlPlaneError, with the log's tail, if any process has exited."""
+        for process in self.processes:
+            code = process.popen.poll()
+            if code is not None:
+                raise ControlPlaneError(
+                    f"{process.name} (pid {process.popen.pid}) exited with {code}; "
+                    f"last lines of {process.log_path}:\n{process.log_tail()}"
+                )
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name} (pid {p.popen.pid}) {p.log_path}\n{p.log_tail()}" for p in self.processes)
+
+    def api_client(self, *, user: KeyPair | None = None) -> client.ApiClient:
+        """A client of the official `kubernetes` package, as the admin unless `user` given."""
+        identity = user or self.pki.admin
+        configuration = client.Configuration(
+            host=self.server,
+            ssl_ca_cert=str(self.pki.ca.cert),
+            cert_file=str(identity.cert),
+            key_file=str(identity.key),
+        )
+        return client.ApiClient(configuration)
+
+    def bearer_token_client(self, token: str) -> client.ApiClient:
+        """A client that authenticates with a bearer token (e.g. a service account's)."""
+        configuration = client.Configuration(
+            host=self.server,
+            ssl_ca_cert=str(self.pki.ca.cert),
+            api_key={"BearerToken": token},
+            api_key_prefix={"BearerToken": "Bearer"},
+        )
+        return client.ApiClient(configuration)
+
+    def stop(self) -> None:
+        """Stop every process by PID, newest first (controller manager, apiserver, etcd)."""
+        errors: list[str] = []
+        for process in reversed(self.processes):
+            try:
+                process.stop()
+            except (OSError, subprocess.SubprocessError) as error:
+                errors.append(f"{process.name} (pid {process.popen.pid}): {error!r}")
+        self.processes.clear()
+        if errors:
+            raise ControlPlaneError("could not stop: " + "; ".join(errors))
+
+
+def _write_kubeconfig(path: Path, *, server: str, ca: Path, user: str, identity: KeyPair) -> None:
+    # JSON is YAML, so every kubeconfig reader (client-go, kubectl, helm, python) takes it.
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "shardq-e2e",
+                "cluster": {"server": server, "certificate-authority": str(ca)},
+            }
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {
+                    "client-certificate": str(identity.cert),
+                    "client-key": str(identity.key),
+                },
+            }
+        ],
+        "contexts": [{"name": "shardq-e2e", "context": {"cluster": "shardq-e2e", "user": user}}],
+        "current-context": "shardq-e2e",
+    }
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    path.chmod(0o600)
+
+
+def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5, context=context) as response:
+            status: int = response.status
+            return status == 200
+    except urllib.error.HTTPError:
+        return False  # e.g. 500 from /readyz while post-start hooks run
+
+
+def start_control_plane(binaries: Binaries, *, workdir: Path, startup_timeout: float = 120.0) -> ControlPlane:
+    """Start etcd, kube-apiserver and kube-controller-manager and wait until they serve.
+
+    On failure every started process is stopped and the error carries their logs.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    pki = build_pki(workdir / "pki", service_ip=KUBERNETES_SERVICE_IP)
+    apiserver_port = free_port()
+    server = f"https://127.0.0.1:{apiserver_port}"
+    plane = ControlPlane(
+        workdir=workdir,
+        server=server,
+        kubeconfig=workdir / "admin.kubeconfig",
+        pki=pki,
+        kubernetes_version=binaries.kubernetes_version,
+    )
+    try:
+        _start(plane, binaries, apiserver_port=apiserver_port, timeout=startup_timeout)
+    except BaseException as error:
+        logs = plane.logs()
+        plane.stop()
+        if isinstance(error, Exception):
+            raise ControlPlaneError(f"control plane did not start: {error}\n{logs}") from error
+        raise
+    return plane
+
+
+def _start(plane: ControlPlane, binaries: Binaries, *, apiserver_port: int, timeout: float) -> None:
+    pki = plane.pki
+    workdir = plane.workdir
+
+    etcd_client_port, etcd_peer_port = free_port(), free_port()
+    etcd_url = f"http://127.0.0.1:{etcd_client_port}"
+    peer_url = f"http://127.0.0.1:{etcd_peer_port}"
+    plane.spawn(
+        "etcd",
+        [
+            str(binaries.etcd),
+            "--name=e2e",
+            f"--data-dir={workdir / 'etcd'}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=e2e={peer_url}",
+            "--initial-cluster-state=new",
+            # Test data is thrown away: skipping fsync saves seconds per test on slow disks.
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ],
+    )
+    wait_for(
+        lambda: _http_ok(f"{etcd_url}/health"),
+        timeout=timeout,
+        what="etcd /health",
+        retry_on=(OSError,),
+        check=plane.ensure_running,
+    )
+
+    plane.spawn(
+        "kube-apiserver",
+        [
+            str(binaries.kube_apiserver),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={apiserver_port}",
+            f"--advertise-address={ADVERTISE_ADDRESS}",
+            f"--cert-dir={workdir / 'apiserver-certs'}",
+            f"--tls-cert-file={pki.apiserver.cert}",
+            f"--tls-private-key-file={pki.apiserver.key}",
+            f"--client-ca-file={pki.ca.cert}",
+            "--authorization-mode=Node,RBAC",
+            f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+            f"--service-account-key-file={pki.service_account_public_key}",
+            f"--service-account-signing-key-file={pki.service_account_key}",
+            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            "--profiling=false",
+            "--v=1",
+        ],
+    )
+    admin_tls = ssl.create_default_context(cafile=str(pki.ca.cert))
+    admin_tls.load_cert_chain(str(pki.admin.cert), str(pki.admin.key))
+    wait_for(
+        lambda: _http_ok(f"{plane.server}/readyz", admin_tls),
+        timeout=timeout,
+        what="kube-apiserver /readyz",
+        interval=0.25,
+        retry_on=(OSError,),
+        check=plane.ensure_running,
+    )
+
+    _write_kubeconfig(
+        plane.kubeconfig,
+        server=plane.server,
+        ca=pki.ca.cert,
+        user="shardq-e2e-admin",
+        identity=pki.admin,
+    )
+    controller_manager_kubeconfig = workdir / "controller-manager.kubeconfig"
+    _write_kubeconfig(
+        controller_manager_kubeconfig,
+        server=plane.server,
+        ca=pki.ca.cert,
+        user="system:kube-controller-manager",
+        identity=pki.controller_manager,
+    )
+    plane.spawn(
+        "kube-controller-manager",
+        [
+            str(binaries.kube_controller_manager),
+            f"--kubeconfig={controller_manager_kubeconfig}",
+            "--use-service-account-credentials=true",
+            # Every default controller but node lifecycle: with no kubelet to post node
+            # status it would mark the fake node unreachable and flip every pod that a
+            # test marked Ready back to NotReady (then evict it).
+            "--controllers=*,-node-lifecycle-controller",
+            f"--service-account-private-key-file={pki.service_account_key}",
+            f"--root-ca-file={pki.ca.cert}",
+            f"--cluster-signing-cert-file={pki.ca.cert}",
+            f"--cluster-signing-key-file={pki.ca.key}",
+            "--leader-elect=false",
+            # Its HTTPS endpoint would default to 0.0.0.0:10257; nothing here needs it.
+            "--secure-port=0",
+            "--v=1",
+        ],
+    )
+    # The service-account controller creates `default` in every namespace: once it
+    # exists, the controller manager is connected and running its controllers.
+    wait_for(
+        lambda: _http_ok(
+            f"{plane.server}/api/v1/namespaces/default/serviceaccounts/default",
+            admin_tls,
+        ),
+        timeout=timeout,
+        what="kube-controller-manager to create the default ServiceAccount",
+        interval=0.25,
+        retry_on=(OSError,),
+        check=plane.ensure_running,
+    )
+
+
+def stop_control_plane(plane: ControlPlane, *, keep_workdir: bool = False) -> None:
+    """Stop every process, then remove the work dir (certificates, etcd data, logs)."""
+    try:
+        plane.stop()
+    finally:
+        if not keep_workdir:
+            shutil.rmtree(plane.workdir, ignore_errors=True)
