@@ -118,9 +118,7 @@ class Client:
         previous = {}
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGINT):
-                previous[signum] = signal.signal(
-                    signum, lambda *_: self._loop.call_soon_threadsafe(stop.set)
-                )
+                previous[signum] = signal.signal(signum, lambda *_: self._loop.call_soon_threadsafe(stop.set))
         try:
             return self._run(
                 run_consumer(

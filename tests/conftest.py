@@ -1,0 +1,47 @@
+"""Fixtures for integration tests: a real shard server subprocess per test."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Iterator
+
+import pytest
+
+from shardq import Client
+from tests.integration.harness import DEFAULT_QUEUES, ServerFactory, ServerProcess, free_port
+
+
+@pytest.fixture
+def server_factory(tmp_path: pathlib.Path) -> Iterator[ServerFactory]:
+    """Start servers with custom queues: `server_factory("q:max_depth=10")`."""
+    started: list[ServerProcess] = []
+
+    def make(*queues: str) -> ServerProcess:
+        name = f"server{len(started)}"
+        server = ServerProcess(
+            data_dir=tmp_path / name / "data",
+            queues=queues or DEFAULT_QUEUES,
+            port=free_port(),
+            metrics_port=free_port(),
+            log_path=tmp_path / name / "server.log",
+        )
+        server.log_path.parent.mkdir(parents=True, exist_ok=True)
+        started.append(server)
+        server.start()
+        return server
+
+    yield make
+    for server in started:
+        server.cleanup()
+
+
+@pytest.fixture
+def server(server_factory: ServerFactory) -> ServerProcess:
+    """A server hosting `orders` (4 shards, DLQ orders-dlq after 2 receives), `orders-dlq`, `fifo`."""
+    return server_factory()
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Iterator[Client]:
+    with Client(server.endpoint) as client:
+        yield client
