@@ -32,8 +32,7 @@ def generate(out_dir: pathlib.Path) -> list[pathlib.Path]:
     ]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
-    generated = sorted((out_dir / "shardq" / "v1").glob("*.py*"))
-    return generated
+    return sorted((out_dir / "shardq" / "v1").glob("*.py*"))
 
 
 def main() -> None:
