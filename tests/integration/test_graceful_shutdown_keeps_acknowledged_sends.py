@@ -17,8 +17,8 @@ STOP_AFTER_ACKED = 600
 RUN_DEADLINE_S = 30.0
 
 
-async def produce(client: AsyncClient, acked: set[str], producer: int, stopping: asyncio.Event) -> int:
-    """Send until the server refuses; returns how many batches failed."""
+async def produce(client: AsyncClient, acked: set[str], producer: int) -> None:
+    """Send until the server refuses (it is shutting down or gone)."""
     n = 0
     while True:
         n += 1
@@ -26,24 +26,19 @@ async def produce(client: AsyncClient, acked: set[str], producer: int, stopping:
         try:
             results = await client.send_messages(QUEUE, batch)
         except ShardqError:
-            return 1
+            return
         acked.update(r.message_id for r in results if r.ok)
-        if stopping.is_set() and n > 10_000:
-            return 0
 
 
 async def run_until_terminated(server: ServerProcess, acked: set[str]) -> int:
-    stopping = asyncio.Event()
     async with AsyncClient(server.endpoint) as client:
-        producers = [asyncio.create_task(produce(client, acked, p, stopping)) for p in range(PRODUCERS)]
+        producers = [asyncio.create_task(produce(client, acked, p)) for p in range(PRODUCERS)]
         deadline = time.monotonic() + RUN_DEADLINE_S
         while len(acked) < STOP_AFTER_ACKED and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         assert len(acked) >= STOP_AFTER_ACKED
-        stopping.set()
         exit_code = await asyncio.to_thread(server.stop)
-        failures = await asyncio.wait_for(asyncio.gather(*producers), timeout=RUN_DEADLINE_S)
-        assert sum(failures) == PRODUCERS, "producers kept succeeding after the server stopped"
+        await asyncio.wait_for(asyncio.gather(*producers), timeout=RUN_DEADLINE_S)
         return exit_code
 
 
