@@ -40,7 +40,8 @@ def delete_message(store: ShardStore, context: ShardContext, receipt: Receipt, *
     if isinstance(checked, Reason):
         return checked
     require_transition(checked.state, Action.DELETE)
-    commit_event(store, context, Removed(RemovalKind.DELETED, checked.seq, checked.sent_at_ms), now_ms=now_ms)
+    event = Removed(RemovalKind.DELETED, checked.seq, checked.sent_at_ms)
+    commit_event(store, context, event, now_ms=now_ms, current=checked)
     return None
 
 
@@ -55,7 +56,8 @@ def change_visibility(
         state=next_state(checked.state, Action.CHANGE_VISIBILITY),
         visible_at_ms=now_ms + visibility_timeout_ms,
     )
-    commit_event(store, context, DeliveryChanged(ChangeKind.VISIBILITY_CHANGED, changed), now_ms=now_ms)
+    event = DeliveryChanged(ChangeKind.VISIBILITY_CHANGED, changed)
+    commit_event(store, context, event, now_ms=now_ms, current=checked)
     return None
 
 
@@ -77,5 +79,5 @@ def release_message(store: ShardStore, context: ShardContext, receipt: Receipt, 
         state=next_state(checked.state, Action.RELEASE),
         visible_at_ms=now_ms + compute_release_backoff_ms(context, checked.receive_count),
     )
-    commit_event(store, context, DeliveryChanged(ChangeKind.RELEASED, released), now_ms=now_ms)
+    commit_event(store, context, DeliveryChanged(ChangeKind.RELEASED, released), now_ms=now_ms, current=checked)
     return None

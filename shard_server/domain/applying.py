@@ -17,17 +17,20 @@ from shard_server.domain.events import (
     Removed,
     Sent,
 )
-from shard_server.domain.messages import DeliveryState
+from shard_server.domain.messages import Delivery, DeliveryState
 from shard_server.domain.store import ShardStore
 
 
-def apply_event(store: ShardStore, event: Event, *, fifo: bool, now_ms: int) -> None:
+def apply_event(store: ShardStore, event: Event, *, fifo: bool, now_ms: int, current: Delivery | None = None) -> None:
+    """Apply one event. `current` is the message's stored delivery state when the
+    caller (a leader that just decided the event) already read it; followers omit it."""
     if isinstance(event, Sent):
         _apply_sent(store, event, fifo=fifo)
     elif isinstance(event, DeliveryChanged):
-        store.put_delivery(event.delivery, previous=store.get_delivery(event.delivery.seq))
+        previous = current if current is not None else store.get_delivery(event.delivery.seq)
+        store.put_delivery(event.delivery, previous=previous)
     elif isinstance(event, Removed):
-        _apply_removed(store, event, fifo=fifo, now_ms=now_ms)
+        _apply_removed(store, event, fifo=fifo, now_ms=now_ms, current=current)
     elif isinstance(event, Purged):
         store.clear_messages()
     elif isinstance(event, DedupPruned):
@@ -53,8 +56,8 @@ def _apply_sent(store: ShardStore, event: Sent, *, fifo: bool) -> None:
     store.set_last_seq(max(store.last_seq(), record.seq))
 
 
-def _apply_removed(store: ShardStore, event: Removed, *, fifo: bool, now_ms: int) -> None:
-    delivery = store.get_delivery(event.seq)
+def _apply_removed(store: ShardStore, event: Removed, *, fifo: bool, now_ms: int, current: Delivery | None) -> None:
+    delivery = current if current is not None else store.get_delivery(event.seq)
     if delivery is None:
         return
     group_id = ""

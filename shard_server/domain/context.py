@@ -6,6 +6,7 @@ import dataclasses
 
 from shard_server.domain.applying import apply_event
 from shard_server.domain.events import Event
+from shard_server.domain.messages import Delivery
 from shard_server.domain.store import ShardStore
 from shardq.queues import QueueConfig
 from shardq.receipts import queue_fingerprint
@@ -23,7 +24,12 @@ class ShardContext:
         return queue_fingerprint(self.config.name)
 
 
-def commit_event(store: ShardStore, context: ShardContext, event: Event, *, now_ms: int) -> None:
-    """Journal the event and apply it, in the caller's transaction."""
+def commit_event(
+    store: ShardStore, context: ShardContext, event: Event, *, now_ms: int, current: Delivery | None = None
+) -> None:
+    """Journal the event and apply it, in the caller's transaction.
+
+    `current`: the delivery state the decision was based on, saving a re-read.
+    """
     store.record_event(event)
-    apply_event(store, event, fifo=context.config.fifo, now_ms=now_ms)
+    apply_event(store, event, fifo=context.config.fifo, now_ms=now_ms, current=current)
