@@ -7,6 +7,7 @@ implement them, so this package never imports the server.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import binascii
 import functools
@@ -332,6 +333,35 @@ def redrive(endpoint: str, source: str, destination: str, rate: float, max_messa
             progress.update(step.moved - moved)
             moved = step.moved
     click.echo(f"moved {moved}")
+
+
+@main.group()
+def analytics() -> None:
+    """Spark analytics over the queues' journals (needs the spark extra and Java)."""
+
+
+@analytics.command("report")
+@endpoint_option
+@click.option("--queue", required=True)
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=pathlib.Path))
+@click.option("--since", default=None, help="an ISO time or a duration back from now, e.g. 24h")
+@fail_cleanly
+def analytics_report(endpoint: str, queue: str, out_dir: pathlib.Path, since: str | None) -> None:
+    """Throughput, latency, redelivery and dead-letter report: Parquet, PNG plots and HTML."""
+    import dataclasses
+    import logging
+
+    from shardq.analytics.job import parse_since
+    from shardq.analytics.report import run_report
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        start = parse_since(since) if since else None
+    except (ValueError, argparse.ArgumentTypeError) as error:
+        raise click.BadParameter(str(error), param_hint="--since") from None
+    summary = run_report(endpoint=endpoint, queue=queue, out_dir=out_dir, since=start)
+    click.echo(json.dumps(dataclasses.asdict(summary), default=str))
+    click.echo(f"report: {out_dir / 'report.html'}", err=True)
 
 
 def _load_plugins() -> None:

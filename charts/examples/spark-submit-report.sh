@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The bundled shardq report with plain spark-submit against a Kubernetes API
+# server (no spark-operator). Needs the objects in spark-analytics-rbac.yaml and
+# the image from spark-analytics.Dockerfile; spark-submit itself comes with
+# `pip install pyspark` (>= 4.2) and Java 17 on the submitting machine.
+#
+#   K8S_API=https://kubernetes.example:6443 charts/examples/spark-submit-report.sh orders
+set -euo pipefail
+
+queue="${1:?usage: spark-submit-report.sh QUEUE [ENDPOINT]}"
+endpoint="${2:-${queue}.shardq.svc.cluster.local:7600}"
+api="${K8S_API:?set K8S_API to the Kubernetes API server URL}"
+namespace="${NAMESPACE:-shardq-analytics}"
+image="${IMAGE:-shardq-analytics:0.1.0}"
+
+exec spark-submit \
+  --master "k8s://${api}" \
+  --deploy-mode cluster \
+  --name "shardq-report-${queue}" \
+  --conf spark.kubernetes.namespace="${namespace}" \
+  --conf spark.kubernetes.authenticate.driver.serviceAccountName=shardq-spark \
+  --conf spark.kubernetes.container.image="${image}" \
+  --conf spark.executor.instances=2 \
+  --conf spark.executor.memory=1g \
+  --conf spark.driver.memory=1g \
+  --conf spark.sql.session.timeZone=UTC \
+  --conf "spark.kubernetes.driver.volumes.persistentVolumeClaim.report.options.claimName=shardq-report" \
+  --conf "spark.kubernetes.driver.volumes.persistentVolumeClaim.report.mount.path=/report" \
+  --conf "spark.kubernetes.executor.volumes.persistentVolumeClaim.report.options.claimName=shardq-report" \
+  --conf "spark.kubernetes.executor.volumes.persistentVolumeClaim.report.mount.path=/report" \
+  local:///opt/shardq/report_job.py \
+  --endpoint "${endpoint}" --queue "${queue}" --out "/report/${queue}" --since 24h
