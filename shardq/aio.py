@@ -11,7 +11,6 @@ everything else.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import grpc
 
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
+from shardq.coalescing import Coalescer
 from shardq.errors import ShardqError, Unavailable
 from shardq.status import error_from_rpc, error_from_stream
 from shardq.types import (
@@ -41,6 +41,8 @@ CHANNEL_OPTIONS = [
 # batches per queue may be in flight before new sends wait to join the next.
 MAX_AUTO_BATCH = 500
 MAX_BATCHES_IN_FLIGHT = 8
+MAX_ACK_BATCH = 1000
+MAX_ACKS_IN_FLIGHT = 4
 
 
 def message_to_proto(message: Message) -> queue_pb2.MessageToSend:
@@ -80,12 +82,6 @@ def received_from_proto(response: queue_pb2.ReceiveMessagesResponse) -> list[Rec
 
 def entry_results_from_proto(results: Iterable[queue_pb2.EntryResult]) -> list[EntryResult]:
     return [EntryResult(r.ok, r.error.reason, r.error.message) for r in results]
-
-
-@dataclasses.dataclass(slots=True)
-class _PendingSend:
-    message: Message
-    future: asyncio.Future[SendResult]
 
 
 class ProducerStream:
@@ -149,54 +145,6 @@ class ProducerStream:
         self._call.cancel()
 
 
-class _SendBatcher:
-    """Folds concurrent single sends to one queue into producer-stream batches."""
-
-    def __init__(self, client: AsyncClient, queue: str) -> None:
-        self._client = client
-        self._queue = queue
-        self._pending: list[_PendingSend] = []
-        self._in_flight = 0
-
-    def add(self, message: Message) -> asyncio.Future[SendResult]:
-        future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
-        self._pending.append(_PendingSend(message, future))
-        if self._in_flight < MAX_BATCHES_IN_FLIGHT and len(self._pending) == 1:
-            # Let every send issued in this loop turn join the batch first.
-            asyncio.get_running_loop().call_soon(self._flush)
-        return future
-
-    def _flush(self) -> None:
-        while self._pending and self._in_flight < MAX_BATCHES_IN_FLIGHT:
-            batch, self._pending = self._pending[:MAX_AUTO_BATCH], self._pending[MAX_AUTO_BATCH:]
-            self._in_flight += 1
-            asyncio.get_running_loop().create_task(self._send(batch))
-
-    async def _send(self, batch: list[_PendingSend]) -> None:
-        try:
-            results = await self._client.send_messages_streamed(self._queue, [p.message for p in batch])
-        except ShardqError as error:
-            for pending in batch:
-                if not pending.future.done():
-                    pending.future.set_exception(error)
-        else:
-            for pending, result in zip(batch, results, strict=True):
-                if pending.future.done():
-                    continue
-                if result.ok:
-                    pending.future.set_result(result)
-                else:
-                    pending.future.set_exception(
-                        error_from_stream(
-                            queue_pb2.StreamError(reason=result.error_reason, message=result.error_message),
-                            queue=self._queue,
-                        )
-                    )
-        finally:
-            self._in_flight -= 1
-            self._flush()
-
-
 class AsyncClient:
     """asyncio client for one shardq endpoint. Use `async with AsyncClient(...)`."""
 
@@ -205,7 +153,7 @@ class AsyncClient:
         self._channel = channel or grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
         self._stub = queue_pb2_grpc.QueueServiceStub(self._channel)
         self._producer: ProducerStream | None = None
-        self._batchers: dict[str, _SendBatcher] = {}
+        self._batchers: dict[str, Coalescer[Message, SendResult]] = {}
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -237,11 +185,25 @@ class AsyncClient:
         return send_results_from_proto(response)
 
     async def send_messages_streamed(self, queue: str, messages: Sequence[Message]) -> list[SendResult]:
-        """Like send_messages, over the shared producer stream (higher throughput)."""
-        if self._producer is None or self._producer.broken:
-            self._producer = ProducerStream(self._stub)
-        response = await self._producer.send(queue, [message_to_proto(m) for m in messages])
-        return send_results_from_proto(response)
+        """Like send_messages, over the shared producer stream: concurrent calls to
+        the same queue are folded into one stream request. A message the server
+        refused comes back with its error_reason set, as with send_messages."""
+        return list(await asyncio.gather(*self._batcher(queue).add_many(messages)))
+
+    def _batcher(self, queue: str) -> Coalescer[Message, SendResult]:
+        batcher = self._batchers.get(queue)
+        if batcher is None:
+
+            async def submit(messages: list[Message]) -> list[SendResult]:
+                if self._producer is None or self._producer.broken:
+                    self._producer = ProducerStream(self._stub)
+                response = await self._producer.send(queue, [message_to_proto(m) for m in messages])
+                return send_results_from_proto(response)
+
+            batcher = self._batchers[queue] = Coalescer(
+                submit, max_batch=MAX_AUTO_BATCH, max_in_flight=MAX_BATCHES_IN_FLIGHT
+            )
+        return batcher
 
     async def send(
         self,
@@ -253,12 +215,17 @@ class AsyncClient:
         dedup_id: str = "",
         delay_ms: int | None = None,
     ) -> SendResult:
-        """Send one message; concurrent calls are batched onto the producer stream."""
-        batcher = self._batchers.get(queue)
-        if batcher is None:
-            batcher = self._batchers[queue] = _SendBatcher(self, queue)
+        """Send one message; concurrent calls are batched onto the producer stream.
+
+        Raises the entry's error (e.g. QueueFull) if the message was not stored.
+        """
         message = Message(body, dict(attributes or {}), group_id, dedup_id, delay_ms)
-        return await batcher.add(message)
+        result = await self._batcher(queue).add(message)
+        if not result.ok:
+            raise error_from_stream(
+                queue_pb2.StreamError(reason=result.error_reason, message=result.error_message), queue=queue
+            )
+        return result
 
     # -- receiving and acknowledging ---------------------------------------------------
     async def receive_messages(
@@ -385,6 +352,12 @@ class ConsumerStream:
         self._reader: asyncio.Task[None] | None = None
         self._call: Any = None
         self._returned_credits = 0
+        self._deletes: Coalescer[str, EntryResult] = Coalescer(
+            self._delete_now, max_batch=MAX_ACK_BATCH, max_in_flight=MAX_ACKS_IN_FLIGHT
+        )
+        self._releases: Coalescer[str, EntryResult] = Coalescer(
+            self._release_now, max_batch=MAX_ACK_BATCH, max_in_flight=MAX_ACKS_IN_FLIGHT
+        )
 
     async def __aenter__(self) -> ConsumerStream:
         start = queue_pb2.ConsumeStart(queue=self.queue, max_batch=self._max_batch)
@@ -444,11 +417,19 @@ class ConsumerStream:
         )
         return await future
 
-    async def delete(self, receipts: Sequence[str]) -> list[EntryResult]:
+    async def _delete_now(self, receipts: list[str]) -> list[EntryResult]:
         return entry_results_from_proto((await self._acknowledge(delete=receipts, release=())).deleted)
 
-    async def release(self, receipts: Sequence[str]) -> list[EntryResult]:
+    async def _release_now(self, receipts: list[str]) -> list[EntryResult]:
         return entry_results_from_proto((await self._acknowledge(delete=(), release=receipts)).released)
+
+    async def delete(self, receipts: Sequence[str]) -> list[EntryResult]:
+        """Delete over the stream; concurrent calls share acknowledgement frames."""
+        return list(await asyncio.gather(*self._deletes.add_many(receipts)))
+
+    async def release(self, receipts: Sequence[str]) -> list[EntryResult]:
+        """Release (nack with backoff) over the stream; concurrent calls share frames."""
+        return list(await asyncio.gather(*self._releases.add_many(receipts)))
 
     async def close(self) -> None:
         self._requests.put_nowait(None)

@@ -312,12 +312,17 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                     credit_granted.clear()
                     await credit_granted.wait()
                     continue
+                # Claim for every credit at once (one commit round trip) and push
+                # in frames of max_batch: round trips, not frames, bound the rate.
                 claimed = await queue.receive(
-                    max_messages=min(credits, max_batch), visibility_timeout_ms=visibility, wait_ms=CONSUME_POLL_MS
+                    max_messages=min(credits, MAX_RECEIVE_BATCH),
+                    visibility_timeout_ms=visibility,
+                    wait_ms=CONSUME_POLL_MS,
                 )
-                if claimed:
-                    credits -= len(claimed)
-                    outgoing.put_nowait(queue_pb2.ConsumeResponse(messages=received_to_proto(claimed)))
+                credits -= len(claimed)
+                for start in range(0, len(claimed), max_batch):
+                    frame = received_to_proto(claimed[start : start + max_batch])
+                    outgoing.put_nowait(queue_pb2.ConsumeResponse(messages=frame))
 
         reader = asyncio.create_task(read_requests())
         pusher = asyncio.create_task(push_messages())
