@@ -1,4 +1,6 @@
-"""Fixtures of the e2e tests: one real control plane per session, a fresh namespace per test."""
+"""Fixtures of the e2e and contract tests: one real control plane per session, a fresh
+namespace per test. A plugin loaded once by the root conftest.py (pytest_plugins), so
+tests in e2e/ and tests/contract/ share one control plane."""
 
 from __future__ import annotations
 

@@ -1,0 +1,214 @@
+"""Pure decisions about where shards live and who leads them: placement, failover, rebalancing.
+
+Standard library only, no I/O and no clock: the operator and the local supervisor observe
+the cluster, call these functions, and carry out what they return (a lease
+compare-and-swap for a new leader), so both make the same decisions from the same facts.
+Loads are in one unit chosen by the caller (e.g. operations per second); a server's leader
+load is the sum of the loads of the shards it leads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Iterable, Mapping
+
+
+@dataclasses.dataclass(frozen=True, slots=True, order=True)
+class ShardId:
+    queue: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.queue}-{self.index}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerState:
+    """A shard server as observed: `live` when its process (pod) is up and ready."""
+
+    name: str
+    live: bool = True
+    load: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ShardState:
+    """A shard as observed: where its replicas are, who leads, who is in sync, how busy it is."""
+
+    shard: ShardId
+    replicas: tuple[str, ...]
+    leader: str | None
+    isr: frozenset[str]
+    load: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClusterState:
+    servers: tuple[ServerState, ...]
+    shards: tuple[ShardState, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ShardPlacement:
+    """Where a new shard's replicas go; `replicas[0]` is its first leader."""
+
+    replicas: tuple[str, ...]
+
+    @property
+    def leader(self) -> str:
+        return self.replicas[0]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LeadershipMove:
+    shard: ShardId
+    from_server: str
+    to_server: str
+
+
+def choose_initial_placement(
+    *, shards: Iterable[ShardId], replicas: int, servers: Iterable[ServerState]
+) -> dict[ShardId, ShardPlacement]:
+    """Replicas of each shard on distinct live servers, leaders and replicas spread evenly.
+
+    Every server leads, and hosts, as many shards as any other, give or take one; a shard's
+    followers are the servers after its leader on the ring. Servers are ordered
+    least-loaded first (then by name), so when counts cannot come out even the extra
+    shards go to the servers with least to do. Deterministic: the same facts give the
+    same placement whatever order they come in.
+    """
+    if replicas < 1:
+        raise ValueError(f"replicas must be at least 1, got {replicas}")
+    candidates = sorted((server for server in servers if server.live), key=_coolest_first)
+    if replicas > len(candidates):
+        raise ValueError(f"{replicas} replicas need as many live servers, there are {len(candidates)}")
+    names = [server.name for server in candidates]
+    if len(set(names)) != len(names):
+        raise ValueError(f"server names must be unique: {names}")
+    ordered = sorted(set(shards))
+    placement: dict[ShardId, ShardPlacement] = {}
+    for position, shard in enumerate(ordered):
+        # Leaders at floor(position * servers / shards) lead floor or ceil(shards / servers)
+        # shards each, and a run of `replicas` servers from each leader then covers every
+        # server floor or ceil(shards * replicas / servers) times: the leader positions
+        # form a maximally even set on the ring, and any arc holds as many of them as any
+        # other arc of its length, give or take one. (Stepping the leader by one per shard
+        # would pile the replicas of a last, partial round onto the first servers.)
+        leader = position * len(names) // len(ordered)
+        chosen = tuple(names[(leader + offset) % len(names)] for offset in range(replicas))
+        placement[shard] = ShardPlacement(replicas=chosen)
+    return placement
+
+
+def choose_failover_candidate(shard: ShardState, live_servers: Collection[ServerState]) -> str | None:
+    """The replica to promote when the shard's leader failed, or None if none is safe.
+
+    Only an in-sync replica holds every committed entry, so only an ISR member on a live
+    server qualifies; promoting anyone else would lose acknowledged writes, and waiting
+    (None) is the right answer then. The failed leader itself is never chosen. Among the
+    candidates the least-loaded server wins, then the first by name.
+    """
+    candidates = [
+        server
+        for server in live_servers
+        if server.live and server.name in shard.isr and server.name in shard.replicas and server.name != shard.leader
+    ]
+    if not candidates:
+        return None
+    return min(candidates, key=_coolest_first).name
+
+
+def compute_leader_loads(cluster: ClusterState) -> dict[str, float]:
+    """Per live server, the summed load of the shards it leads (0 for a server leading none)."""
+    loads = {server.name: 0.0 for server in cluster.servers if server.live}
+    for shard in cluster.shards:
+        if shard.leader in loads:
+            loads[shard.leader] += shard.load
+    return loads
+
+
+def choose_leadership_moves(
+    cluster: ClusterState, *, max_moves: int = 1, imbalance_threshold: float
+) -> list[LeadershipMove]:
+    """Hand leadership of hot shards from the hottest server to in-sync followers on cooler ones.
+
+    Balanced, and nothing moves, while the hottest live server's leader load is at most
+    (1 + imbalance_threshold) times the mean over live servers. Otherwise the hottest
+    server (first by name among equals) hands over the shard, to the follower, that makes
+    max(its load after, the follower's load after) smallest, provided that is strictly
+    below its load now: every move strictly lowers the higher load of the pair it
+    touches, so moves never create a new hottest server and repeated calls settle
+    instead of swapping a shard back and forth. At most one move per queue per call (a
+    queue never has several shards between leaders at once), at most `max_moves` in all,
+    only to an in-sync follower on a live server, never for a shard whose leader is dead
+    (that is failover's work).
+    """
+    if imbalance_threshold < 0:
+        raise ValueError(f"imbalance_threshold must not be negative, got {imbalance_threshold}")
+    loads = compute_leader_loads(cluster)
+    leaders = {shard.shard: shard.leader for shard in cluster.shards}
+    moved_queues: set[str] = set()
+    moves: list[LeadershipMove] = []
+    while len(moves) < max_moves and loads:
+        move = _choose_one_move(cluster, loads, leaders, moved_queues, imbalance_threshold)
+        if move is None:
+            break
+        shard_load = _load_of(cluster, move.shard)
+        loads[move.from_server] -= shard_load
+        loads[move.to_server] += shard_load
+        leaders[move.shard] = move.to_server
+        moved_queues.add(move.shard.queue)
+        moves.append(move)
+    return moves
+
+
+def _choose_one_move(
+    cluster: ClusterState,
+    loads: Mapping[str, float],
+    leaders: Mapping[ShardId, str | None],
+    moved_queues: Collection[str],
+    imbalance_threshold: float,
+) -> LeadershipMove | None:
+    hottest = min(loads, key=lambda name: (-loads[name], name))
+    mean = sum(loads.values()) / len(loads)
+    if loads[hottest] <= mean * (1 + imbalance_threshold):
+        return None
+    best: tuple[float, ShardId, str] | None = None
+    for shard in cluster.shards:
+        if leaders[shard.shard] != hottest or shard.shard.queue in moved_queues or shard.load <= 0:
+            continue
+        for follower in shard.replicas:
+            if follower == hottest or follower not in shard.isr or follower not in loads:
+                continue
+            peak_after = max(loads[hottest] - shard.load, loads[follower] + shard.load)
+            if peak_after >= loads[hottest]:
+                continue
+            candidate = (peak_after, shard.shard, follower)
+            if best is None or candidate < best:
+                best = candidate
+    if best is None:
+        return None
+    _, shard_id, target = best
+    return LeadershipMove(shard=shard_id, from_server=hottest, to_server=target)
+
+
+def _load_of(cluster: ClusterState, shard_id: ShardId) -> float:
+    return next(shard.load for shard in cluster.shards if shard.shard == shard_id)
+
+
+def _coolest_first(server: ServerState) -> tuple[float, str]:
+    return (server.load, server.name)
+
+
+__all__ = [
+    "ClusterState",
+    "LeadershipMove",
+    "ServerState",
+    "ShardId",
+    "ShardPlacement",
+    "ShardState",
+    "choose_failover_candidate",
+    "choose_initial_placement",
+    "choose_leadership_moves",
+    "compute_leader_loads",
+]

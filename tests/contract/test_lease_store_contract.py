@@ -1,0 +1,313 @@
+"""One contract for every LeaseStore: the local LMDB store and Kubernetes Leases behave alike.
+
+Subclass LeaseStoreContract and provide `store` and `rival_store` (a second handle on the
+same leases, as another server would hold); every test runs on each implementation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import multiprocessing.synchronize
+import pathlib
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from kubernetes import client
+
+from e2e.kubecluster import ControlPlane
+from shard_server.leases.fencing import build_isr_change, build_renewal, build_takeover, isr_of
+from shard_server.leases.kubernetes import KubernetesLeaseStore
+from shard_server.leases.store import ISR_ANNOTATION, LeaseConflict, LeaseRecord, LeaseStore
+from shard_server.storage.lease_store import LocalLeaseStore
+
+# Wall-clock milliseconds with a sub-second part, so a store that kept only seconds fails.
+T0 = 1_763_771_298_123
+DURATION_MS = 1_500
+RACE_ROUNDS = 5
+
+
+def fresh(name: str = "orders-0") -> LeaseRecord:
+    return LeaseRecord(name=name, annotations={"team": "payments"})
+
+
+def race(stores: list[LeaseStore], seen: LeaseRecord) -> list[str]:
+    """Every store takes over `seen` at the same moment; each reports 'won' or 'conflict'."""
+    start = threading.Barrier(len(stores))
+
+    def contend(index: int, store: LeaseStore) -> str:
+        claim = build_takeover(seen, new_holder=f"server-{index}", now_ms=T0, duration_ms=DURATION_MS)
+        start.wait(timeout=10)
+        try:
+            store.update(claim)
+        except LeaseConflict:
+            return "conflict"
+        return "won"
+
+    with ThreadPoolExecutor(max_workers=len(stores)) as pool:
+        futures = [pool.submit(contend, index, store) for index, store in enumerate(stores)]
+        return [future.result(timeout=30) for future in futures]
+
+
+class LeaseStoreContract:
+    def test_created_lease_reads_back_exactly(self, store: LeaseStore) -> None:
+        record = LeaseRecord(
+            name="orders-0",
+            holder="server-1",
+            acquire_time_ms=T0,
+            renew_time_ms=T0 + 250,
+            duration_ms=DURATION_MS,
+            transitions=3,
+            annotations={"team": "payments"},
+        )
+        created = store.create(record)
+
+        assert created.version
+        assert created == dataclasses.replace(record, version=created.version)
+        assert store.get("orders-0") == created
+
+    @pytest.mark.parametrize(
+        ("acquire_time_ms", "duration_ms"),
+        [(1_763_771_298_000, 1_000), (1_763_771_298_001, 999), (1_763_771_298_999, 15_001)],
+        ids=["whole-second", "one-ms-past", "one-ms-short"],
+    )
+    def test_times_and_durations_keep_every_millisecond(
+        self, store: LeaseStore, acquire_time_ms: int, duration_ms: int
+    ) -> None:
+        created = store.create(
+            build_takeover(fresh(), new_holder="server-1", now_ms=acquire_time_ms, duration_ms=duration_ms)
+        )
+        renewed = store.update(build_renewal(created, now_ms=acquire_time_ms + 1_000))
+
+        stored = store.get("orders-0")
+        assert stored == renewed
+        assert (stored.acquire_time_ms, stored.renew_time_ms, stored.duration_ms) == (
+            acquire_time_ms,
+            acquire_time_ms + 1_000,
+            duration_ms,
+        )
+
+    def test_unknown_lease_reads_as_none(self, store: LeaseStore) -> None:
+        assert store.get("orders-9") is None
+
+    def test_creating_an_existing_lease_conflicts_and_keeps_the_first(self, store: LeaseStore) -> None:
+        first = store.create(build_takeover(fresh(), new_holder="server-1", now_ms=T0, duration_ms=DURATION_MS))
+
+        with pytest.raises(LeaseConflict):
+            store.create(build_takeover(fresh(), new_holder="server-2", now_ms=T0, duration_ms=DURATION_MS))
+        assert store.get("orders-0") == first
+
+    def test_update_writes_and_issues_a_new_version(self, store: LeaseStore) -> None:
+        created = store.create(fresh())
+
+        updated = store.update(build_takeover(created, new_holder="server-1", now_ms=T0, duration_ms=DURATION_MS))
+
+        assert updated.version != created.version
+        assert updated.holder == "server-1"
+        assert store.get("orders-0") == updated
+
+    def test_update_from_a_stale_version_conflicts_and_changes_nothing(self, store: LeaseStore) -> None:
+        stale = store.create(fresh())
+        current = store.update(build_takeover(stale, new_holder="server-1", now_ms=T0, duration_ms=DURATION_MS))
+
+        with pytest.raises(LeaseConflict):
+            store.update(build_takeover(stale, new_holder="server-2", now_ms=T0 + 1, duration_ms=DURATION_MS))
+        assert store.get("orders-0") == current
+
+    def test_update_without_a_version_is_refused(self, store: LeaseStore) -> None:
+        store.create(fresh())
+
+        with pytest.raises(ValueError, match="version"):
+            store.update(build_takeover(fresh(), new_holder="server-1", now_ms=T0, duration_ms=DURATION_MS))
+        stored = store.get("orders-0")
+        assert stored is not None
+        assert stored.holder == ""
+
+    def test_update_of_a_missing_lease_conflicts(self, store: LeaseStore, rival_store: LeaseStore) -> None:
+        elsewhere = rival_store.create(fresh("orders-1"))
+
+        with pytest.raises(LeaseConflict):
+            store.update(LeaseRecord(name="orders-0", holder="server-1", version=elsewhere.version))
+        assert store.get("orders-0") is None
+
+    def test_of_two_concurrent_updates_from_one_version_exactly_one_wins(
+        self, store: LeaseStore, rival_store: LeaseStore
+    ) -> None:
+        store.create(fresh())
+        for round_number in range(RACE_ROUNDS):
+            seen = store.get("orders-0")
+            assert seen is not None
+
+            outcomes = race([store, rival_store], seen)
+
+            assert sorted(outcomes) == ["conflict", "won"], f"round {round_number}: {outcomes}"
+            after = store.get("orders-0")
+            assert after is not None
+            assert after.holder == f"server-{outcomes.index('won')}"
+            assert after.transitions == seen.transitions + 1
+
+    def test_takeover_opens_a_new_epoch_and_renewal_keeps_it(self, store: LeaseStore) -> None:
+        created = store.create(fresh())
+        taken = store.update(build_takeover(created, new_holder="server-1", now_ms=T0, duration_ms=DURATION_MS))
+        renewed = store.update(build_renewal(taken, now_ms=T0 + 500))
+        retaken = store.update(
+            build_takeover(renewed, new_holder="server-2", now_ms=T0 + 3_000, duration_ms=DURATION_MS)
+        )
+
+        assert [taken.transitions, renewed.transitions, retaken.transitions] == [1, 1, 2]
+        assert (renewed.acquire_time_ms, renewed.renew_time_ms) == (T0, T0 + 500)
+        assert (retaken.acquire_time_ms, retaken.renew_time_ms) == (T0 + 3_000, T0 + 3_000)
+        assert store.get("orders-0") == retaken
+
+    def test_isr_annotation_round_trips_beside_other_annotations(self, store: LeaseStore) -> None:
+        created = store.create(fresh())
+        led = store.update(build_takeover(created, new_holder="server-1", now_ms=T0, duration_ms=DURATION_MS))
+
+        store.update(build_isr_change(led, ["server-3", "server-1", "server-2"]))
+        stored = store.get("orders-0")
+
+        assert stored is not None
+        assert isr_of(stored) == {"server-1", "server-2", "server-3"}
+        assert stored.annotations == {"team": "payments", ISR_ANNOTATION: "server-1,server-2,server-3"}
+
+    def test_list_returns_the_leases_with_the_prefix_in_name_order(self, store: LeaseStore) -> None:
+        for name in ("orders-1", "payments-0", "orders-0", "ordersbig-0", "order-0"):
+            store.create(fresh(name))
+
+        assert [record.name for record in store.list("orders-")] == ["orders-0", "orders-1"]
+        assert [record.name for record in store.list("pay")] == ["payments-0"]
+        assert store.list("refunds-") == []
+        assert [record.name for record in store.list("")] == [
+            "order-0",
+            "orders-0",
+            "orders-1",
+            "ordersbig-0",
+            "payments-0",
+        ]
+        assert store.list("orders-") == [store.get("orders-0"), store.get("orders-1")]
+
+
+class TestLocalLeaseStore(LeaseStoreContract):
+    @pytest.fixture
+    def path(self, tmp_path: pathlib.Path) -> pathlib.Path:
+        return tmp_path / "cluster" / "leases.lmdb"
+
+    @pytest.fixture
+    def store(self, path: pathlib.Path) -> Iterator[LocalLeaseStore]:
+        with LocalLeaseStore(path) as store:
+            yield store
+
+    @pytest.fixture
+    def rival_store(self, store: LocalLeaseStore) -> LocalLeaseStore:
+        # LMDB allows one environment per file per process (a second one's close would drop
+        # the first one's locks); other processes are tested with real processes below.
+        return store
+
+    def test_leases_survive_reopening_the_file(self, path: pathlib.Path) -> None:
+        with LocalLeaseStore(path) as store:
+            created = store.create(build_takeover(fresh(), new_holder="server-1", now_ms=T0, duration_ms=DURATION_MS))
+
+        with LocalLeaseStore(path) as reopened:
+            assert reopened.get("orders-0") == created
+
+    @pytest.mark.timeout(60)
+    def test_of_two_processes_updating_from_one_version_exactly_one_wins(
+        self, path: pathlib.Path, store: LocalLeaseStore
+    ) -> None:
+        store.create(fresh())
+        # spawn, not fork: an LMDB environment must not cross a fork.
+        context = multiprocessing.get_context("spawn")
+        for round_number in range(RACE_ROUNDS):
+            seen = store.get("orders-0")
+            assert seen is not None
+            start = context.Barrier(2)
+            outcomes = context.Queue()
+            contenders = [
+                context.Process(
+                    target=take_over_in_another_process, args=(path, seen, f"server-{index}", start, outcomes)
+                )
+                for index in range(2)
+            ]
+            for process in contenders:
+                process.start()
+            for process in contenders:
+                process.join(timeout=30)
+                assert process.exitcode == 0
+            results = dict(outcomes.get(timeout=5) for _ in contenders)
+
+            assert sorted(results.values()) == ["conflict", "won"], f"round {round_number}: {results}"
+            after = store.get("orders-0")
+            assert after is not None
+            assert results[after.holder] == "won"
+            assert after.transitions == seen.transitions + 1
+
+
+def take_over_in_another_process(
+    path: pathlib.Path,
+    seen: LeaseRecord,
+    holder: str,
+    start: multiprocessing.synchronize.Barrier,
+    outcomes: multiprocessing.Queue[tuple[str, str]],
+) -> None:
+    with LocalLeaseStore(path) as store:
+        claim = build_takeover(seen, new_holder=holder, now_ms=T0, duration_ms=DURATION_MS)
+        start.wait(timeout=10)
+        try:
+            store.update(claim)
+        except LeaseConflict:
+            outcomes.put((holder, "conflict"))
+        else:
+            outcomes.put((holder, "won"))
+
+
+@pytest.mark.controlplane
+class TestKubernetesLeaseStore(LeaseStoreContract):
+    @pytest.fixture
+    def store(self, api_client: client.ApiClient, namespace: str) -> LeaseStore:
+        return KubernetesLeaseStore(api_client, namespace=namespace)
+
+    @pytest.fixture
+    def rival_store(self, control_plane: ControlPlane, namespace: str) -> Iterator[LeaseStore]:
+        # Its own client and connection pool, as another pod would have.
+        with control_plane.api_client() as api:
+            yield KubernetesLeaseStore(api, namespace=namespace)
+
+    def test_update_keeps_labels_and_owners_set_by_others(
+        self, store: LeaseStore, api_client: client.ApiClient, namespace: str
+    ) -> None:
+        created = store.create(fresh())
+        leases = client.CoordinationV1Api(api_client)
+        config_map = client.CoreV1Api(api_client).create_namespaced_config_map(
+            namespace, client.V1ConfigMap(metadata=client.V1ObjectMeta(name="orders"))
+        )
+        assert config_map.metadata is not None
+        owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "orders", "uid": config_map.metadata.uid}
+        leases.patch_namespaced_lease(
+            "orders-0",
+            namespace,
+            {"metadata": {"labels": {"shardq.io/queue": "orders"}, "ownerReferences": [owner]}},
+        )
+        seen = store.get("orders-0")
+        assert seen is not None
+        assert seen.version != created.version
+
+        store.update(build_takeover(seen, new_holder="server-1", now_ms=T0, duration_ms=DURATION_MS))
+
+        lease = leases.read_namespaced_lease("orders-0", namespace)
+        assert lease.metadata is not None
+        assert lease.spec is not None
+        assert (lease.metadata.labels or {}).get("shardq.io/queue") == "orders"
+        assert [reference.name for reference in lease.metadata.owner_references or []] == ["orders"]
+        assert lease.spec.holder_identity == "server-1"
+
+    def test_leases_of_other_owners_are_not_listed(
+        self, store: LeaseStore, api_client: client.ApiClient, namespace: str
+    ) -> None:
+        client.CoordinationV1Api(api_client).create_namespaced_lease(
+            namespace, client.V1Lease(metadata=client.V1ObjectMeta(name="orders-controller"))
+        )
+        store.create(fresh("orders-0"))
+
+        assert [record.name for record in store.list("orders-")] == ["orders-0"]
