@@ -90,7 +90,12 @@ class SendMessagesRequest(_message.Message):
 
     QUEUE_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
+    SHARD_FIELD_NUMBER: _builtins.int
     queue: _builtins.str
+    shard: _builtins.int
+    """Store every message on this shard instead of routing each one: set by
+    servers forwarding to a shard's leader and by clients routing directly.
+    """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___MessageToSend]: ...
     def __init__(
@@ -98,12 +103,15 @@ class SendMessagesRequest(_message.Message):
         *,
         queue: _builtins.str = ...,
         messages: _abc.Iterable[Global___MessageToSend] | None = ...,
+        shard: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_shard", b"_shard", "shard", b"shard"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "queue", b"queue"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_shard", b"_shard", "messages", b"messages", "queue", b"queue", "shard", b"shard"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__shard: _TypeAlias = _typing.Literal["shard"]  # noqa: Y015
+    _WhichOneofArgType__shard: _TypeAlias = _typing.Literal["_shard", b"_shard"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__shard) -> _WhichOneofReturnType__shard | None: ...
 
 Global___SendMessagesRequest: _TypeAlias = SendMessagesRequest  # noqa: Y015
 
@@ -267,12 +275,15 @@ class ReceiveMessagesRequest(_message.Message):
     MAX_MESSAGES_FIELD_NUMBER: _builtins.int
     VISIBILITY_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     WAIT_TIME_MS_FIELD_NUMBER: _builtins.int
+    SHARD_FIELD_NUMBER: _builtins.int
     queue: _builtins.str
     max_messages: _builtins.int
     visibility_timeout_ms: _builtins.int
     """Unset: the queue's visibility timeout."""
     wait_time_ms: _builtins.int
     """Long polling: wait up to this long for a first message."""
+    shard: _builtins.int
+    """Receive from this shard only (forwarding and direct routing)."""
     def __init__(
         self,
         *,
@@ -280,13 +291,19 @@ class ReceiveMessagesRequest(_message.Message):
         max_messages: _builtins.int = ...,
         visibility_timeout_ms: _builtins.int | None = ...,
         wait_time_ms: _builtins.int = ...,
+        shard: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_visibility_timeout_ms", b"_visibility_timeout_ms", "visibility_timeout_ms", b"visibility_timeout_ms"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_shard", b"_shard", "_visibility_timeout_ms", b"_visibility_timeout_ms", "shard", b"shard", "visibility_timeout_ms", b"visibility_timeout_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_visibility_timeout_ms", b"_visibility_timeout_ms", "max_messages", b"max_messages", "queue", b"queue", "visibility_timeout_ms", b"visibility_timeout_ms", "wait_time_ms", b"wait_time_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_shard", b"_shard", "_visibility_timeout_ms", b"_visibility_timeout_ms", "max_messages", b"max_messages", "queue", b"queue", "shard", b"shard", "visibility_timeout_ms", b"visibility_timeout_ms", "wait_time_ms", b"wait_time_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__shard: _TypeAlias = _typing.Literal["shard"]  # noqa: Y015
+    _WhichOneofArgType__shard: _TypeAlias = _typing.Literal["_shard", b"_shard"]  # noqa: Y015
     _WhichOneofReturnType__visibility_timeout_ms: _TypeAlias = _typing.Literal["visibility_timeout_ms"]  # noqa: Y015
     _WhichOneofArgType__visibility_timeout_ms: _TypeAlias = _typing.Literal["_visibility_timeout_ms", b"_visibility_timeout_ms"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__shard) -> _WhichOneofReturnType__shard | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__visibility_timeout_ms) -> _WhichOneofReturnType__visibility_timeout_ms | None: ...
 
 Global___ReceiveMessagesRequest: _TypeAlias = ReceiveMessagesRequest  # noqa: Y015
