@@ -8,6 +8,7 @@ import pathlib
 import click
 import yaml
 
+from shard_server.cluster import load_cluster_file
 from shard_server.logs import configure_logging
 from shard_server.server import ServerSettings, serve
 from shardq.queues import QueueConfig, parse_queue_option, queue_config_from_spec
@@ -39,6 +40,13 @@ def load_queue_file(path: pathlib.Path) -> list[QueueConfig]:
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=pathlib.Path))
 @click.option("--map-size", default="64GiB", show_default=True, help="LMDB map size per shard")
 @click.option("--log-format", type=click.Choice(["json", "text"]), default="json", show_default=True)
+@click.option(
+    "--cluster-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=pathlib.Path),
+    help="cluster mode: servers, queues and replica placement (JSON)",
+)
+@click.option("--server-id", default="", help="cluster mode: this server's id in the cluster file")
+@click.option("--lease-store", type=click.Path(dir_okay=False, path_type=pathlib.Path), help="cluster mode: lease file")
 def serve_command(
     data_dir: pathlib.Path,
     host: str,
@@ -48,20 +56,37 @@ def serve_command(
     config_file: pathlib.Path | None,
     map_size: str,
     log_format: str,
+    cluster_file: pathlib.Path | None,
+    server_id: str,
+    lease_store: pathlib.Path | None,
 ) -> None:
-    """Run a shard server hosting the given queues."""
+    """Run a shard server hosting the given queues (or its replicas of a cluster's queues)."""
+    cluster = None
     try:
         configs = [parse_queue_option(spec) for spec in queue_specs]
         if config_file is not None:
             configs += load_queue_file(config_file)
+        if cluster_file is not None:
+            cluster = load_cluster_file(cluster_file)
+            configs += cluster.queues
         size = _parse_size(map_size)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     if not configs:
-        raise click.UsageError("give at least one --queue or a --config file")
+        raise click.UsageError("give at least one --queue, a --config file or a --cluster-file")
+    if cluster is not None and (not server_id or lease_store is None):
+        raise click.UsageError("--cluster-file needs --server-id and --lease-store")
     configure_logging(json_lines=log_format == "json")
     settings = ServerSettings(
-        data_dir=data_dir, queues=configs, host=host, port=port, metrics_port=metrics_port, map_size=size
+        data_dir=data_dir,
+        queues=configs,
+        host=host,
+        port=port,
+        metrics_port=metrics_port,
+        map_size=size,
+        cluster=cluster,
+        server_id=server_id,
+        lease_store=lease_store,
     )
     try:
         asyncio.run(serve(settings))

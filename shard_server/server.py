@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import pathlib
 import signal
@@ -17,12 +18,24 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from shard_server import metrics
+from shard_server.cluster import ClusterFile
 from shard_server.runtime import background
+from shard_server.runtime.forwarding import Router
 from shard_server.runtime.hosting import QueueHost
+from shard_server.runtime.replicating import PeerChannels, ShardReplica
 from shard_server.service.exporting import ExportServicer
 from shard_server.service.queues import QueueServicer
+from shard_server.service.replication import ReplicationServicer
+from shard_server.storage.lease_store import LocalLeaseStore
 from shard_server.storage.lmdb_store import DEFAULT_MAP_SIZE
-from shardq.api.v1 import export_pb2, export_pb2_grpc, queue_pb2, queue_pb2_grpc
+from shardq.api.v1 import (
+    export_pb2,
+    export_pb2_grpc,
+    queue_pb2,
+    queue_pb2_grpc,
+    replication_pb2,
+    replication_pb2_grpc,
+)
 from shardq.queues import QueueConfig
 
 log = logging.getLogger(__name__)
@@ -39,6 +52,10 @@ class ServerSettings:
     port: int = 7600
     metrics_port: int | None = None
     map_size: int = DEFAULT_MAP_SIZE
+    # Cluster mode: this server's id in the cluster file, and the lease store.
+    cluster: ClusterFile | None = None
+    server_id: str = ""
+    lease_store: pathlib.Path | None = None
 
 
 async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) -> None:
@@ -48,7 +65,24 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
 
-    host = QueueHost(settings.data_dir, settings.queues, map_size=settings.map_size)
+    leases: LocalLeaseStore | None = None
+    router: Router | None = None
+    peers: PeerChannels | None = None
+    if settings.cluster is not None:
+        if settings.lease_store is None or settings.server_id not in settings.cluster.servers:
+            raise SystemExit("shardq: cluster mode needs --lease-store and a --server-id listed in the cluster file")
+        leases = LocalLeaseStore(settings.lease_store)
+        router = Router(settings.cluster, leases, server_id=settings.server_id)
+        router.refresh()
+        peers = PeerChannels(settings.cluster)
+    host = QueueHost(
+        settings.data_dir,
+        settings.queues,
+        map_size=settings.map_size,
+        cluster=settings.cluster,
+        server_id=settings.server_id,
+        router=router,
+    )
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
@@ -58,12 +92,17 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
     )
     queue_pb2_grpc.add_QueueServiceServicer_to_server(QueueServicer(host), server)
     export_pb2_grpc.add_ExportServiceServicer_to_server(ExportServicer(host), server)
+    replication_servicer = ReplicationServicer(
+        host, server_id=settings.server_id, address=f"{settings.host}:{settings.port}"
+    )
+    replication_pb2_grpc.add_ReplicationServiceServicer_to_server(replication_servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     service_names = (
         queue_pb2.DESCRIPTOR.services_by_name["QueueService"].full_name,
         export_pb2.DESCRIPTOR.services_by_name["ExportService"].full_name,
         health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+        replication_pb2.DESCRIPTOR.services_by_name["ReplicationService"].full_name,
         reflection.SERVICE_NAME,
     )
     reflection.enable_server_reflection(service_names, server)
@@ -71,6 +110,7 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
     if port == 0:
         raise SystemExit(f"shardq: cannot listen on {settings.host}:{settings.port}")
     host.advertised_address = f"{settings.host}:{port}"
+    replication_servicer.address = host.advertised_address
 
     collector = metrics.ShardCollector(lambda: [(q, i, shard.stats) for q, i, shard in host.shard_stats_sources()])
     metrics.REGISTRY.register(collector)
@@ -84,6 +124,22 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         for queue in host.queues.values()
         if queue.config.dead_letter_queue
     ]
+    if settings.cluster is not None:
+        assert leases is not None
+        assert router is not None
+        assert peers is not None
+        for queue in host.queues.values():
+            for shard in queue.shards:
+                shard.replica = ShardReplica(
+                    shard,
+                    server_id=settings.server_id,
+                    cluster=settings.cluster,
+                    leases=leases,
+                    peers=peers,
+                    reopen=functools.partial(queue.open_environment, shard.index),
+                )
+                tasks.append(asyncio.create_task(shard.replica.run()))
+        tasks.append(asyncio.create_task(router.run()))
     await server.start()
     for name in ("", *service_names):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -99,7 +155,17 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for queue in host.queues.values():
+            for shard in queue.shards:
+                if shard.replica is not None:
+                    await shard.replica.step_down("shutting down")
         await host.close()
+        if peers is not None:
+            await peers.close()
+        if router is not None:
+            await router.close()
+        if leases is not None:
+            leases.close()
         metrics.REGISTRY.unregister(collector)
         if metrics_server is not None:
             metrics_server.shutdown()

@@ -36,6 +36,8 @@ async def keep_shard_tidy(shard: HostedShard) -> None:
     config = shard.queue.config
     while True:
         await asyncio.sleep(HOUSEKEEPING_PERIOD_S)
+        if not shard.is_local_leader():
+            continue  # only the leader decides; followers replay its log
         now = wall_clock_ms()
         with shard.environment.read() as tx:
             oldest = tx.oldest_messages(after_seq=0, limit=1)
@@ -86,7 +88,8 @@ async def move_dead_letters(host: QueueHost, queue: HostedQueue) -> None:
         if target is None:
             continue
         for shard in queue.shards:
-            await _move_shard_dead_letters(queue, shard, target)
+            if shard.is_local_leader():
+                await _move_shard_dead_letters(queue, shard, target)
 
 
 async def _move_shard_dead_letters(queue: HostedQueue, shard: HostedShard, target: HostedQueue) -> None:
@@ -146,19 +149,29 @@ async def redrive(
         )
         if not claimed:
             break
+        # (body, attributes, group id, message id, receipt) of local and forwarded claims alike.
+        taken = [
+            (
+                message.record.body,
+                message.record.attributes,
+                message.record.group_id,
+                format_message_id(sent_at_ms=message.record.sent_at_ms, shard=shard.index, seq=message.record.seq),
+                encode_receipt(message.receipt),
+            )
+            for shard, message in claimed.local
+        ] + [(m.body, dict(m.attributes), m.group_id, m.message_id, m.receipt) for m in claimed.remote]
         copies = [
             NewMessage(
-                body=message.record.body,
-                attributes=message.record.attributes,
-                group_id=message.record.group_id or (source if to_queue.config.fifo else ""),
-                dedup_id=f"redrive:{source}:"
-                + format_message_id(sent_at_ms=message.record.sent_at_ms, shard=shard.index, seq=message.record.seq),
+                body=body,
+                attributes=attributes,
+                group_id=group_id or (source if to_queue.config.fifo else ""),
+                dedup_id=f"redrive:{source}:{message_id}",
                 delay_ms=0,
                 source_queue=source,
             )
-            for shard, message in claimed
+            for body, attributes, group_id, message_id, _ in taken
         ]
-        receipts = [encode_receipt(message.receipt) for _, message in claimed]
+        receipts = [receipt for *_, receipt in taken]
         entries = await to_queue.send(copies)
         copied = [receipt for receipt, entry in zip(receipts, entries, strict=True) if entry.error is None]
         failed = [receipt for receipt, entry in zip(receipts, entries, strict=True) if entry.error is not None]

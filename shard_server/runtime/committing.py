@@ -14,7 +14,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 from shard_server.domain.context import ShardContext
@@ -55,9 +55,13 @@ class GroupCommitter:
         *,
         name: str,
         on_commit: Callable[[CommitReport], None],
+        replicated: Callable[[int], Awaitable[None]] | None = None,
         clock_ms: Callable[[], int] = wall_clock_ms,
     ) -> None:
-        self._environment = environment
+        self.environment = environment
+        # Resolves once a log index is held by every in-sync replica (cluster
+        # mode); answers to writes wait for it, receives do not.
+        self._replicated = replicated
         self._context = context
         self._on_commit = on_commit
         self._clock_ms = clock_ms
@@ -109,7 +113,7 @@ class GroupCommitter:
             if early:
                 loop.call_soon_threadsafe(_resolve_all, early)
 
-        _, index = self._environment.write(run_all, epoch=context.epoch, at_ms=now_ms)
+        _, index = self.environment.write(run_all, epoch=context.epoch, at_ms=now_ms)
         return outcomes, CommitReport(len(batch), index, now_ms)
 
     def _finish_batch(
@@ -127,12 +131,33 @@ class GroupCommitter:
                     request.future.set_exception(ShardqError(Reason.UNAVAILABLE, f"commit failed: {error}"))
         else:
             outcomes, report = finished.result()
-            _resolve_all([(request.future, ok, value) for request, (ok, value) in zip(batch, outcomes, strict=True)])
+            answers = [(request.future, ok, value) for request, (ok, value) in zip(batch, outcomes, strict=True)]
             self._on_commit(report)
+            if self._replicated is not None and report.log_index:
+                # The next batch may commit locally meanwhile: replication is pipelined.
+                loop.create_task(self._answer_when_replicated(report.log_index, answers))
+            else:
+                _resolve_all(answers)
         if self._pending:
             self._start_batch(loop)
         else:
             self._idle.set()
+
+    async def _answer_when_replicated(self, index: int, answers: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+        assert self._replicated is not None
+        try:
+            await self._replicated(index)
+        except ShardqError as error:
+            # Written here but not known to be replicated: the client must treat
+            # the outcome as unknown, exactly as after a lost connection.
+            _resolve_all([(future, False, error) for future, _, _ in answers])
+        else:
+            _resolve_all(answers)
+
+    async def run_exclusive(self, work: Callable[[], T]) -> T:
+        """Run `work` on the writer thread, between batches (follower appends, snapshots)."""
+        loop = asyncio.get_running_loop()
+        return await asyncio.wrap_future(self._executor.submit(work), loop=loop)
 
     async def close(self) -> None:
         """Stop taking requests and finish every commit already queued."""

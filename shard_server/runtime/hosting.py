@@ -14,30 +14,54 @@ import itertools
 import logging
 import pathlib
 import re
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
+import grpc
 from prometheus_client import Counter
 
 from shard_server import metrics
+from shard_server.cluster import ClusterFile
 from shard_server.domain import acknowledging, housekeeping, receiving, sending
 from shard_server.domain.context import ShardContext
 from shard_server.domain.messages import NewMessage
 from shard_server.domain.receiving import ClaimedMessage
 from shard_server.domain.routing import choose_shard
 from shard_server.runtime.committing import CommitReport, GroupCommitter, wall_clock_ms
+from shard_server.runtime.forwarding import FORWARDED, Router
 from shard_server.storage.lmdb_store import (
     DEFAULT_MAP_SIZE,
     LmdbShardTransaction,
     ShardEnvironment,
     ShardStats,
 )
-from shardq.errors import QueueNotFound, Reason, ShardqError
+from shardq.api.v1 import queue_pb2
+from shardq.errors import NotLeader, QueueNotFound, Reason, ShardqError
 from shardq.queues import QueueConfig
 from shardq.receipts import MalformedReceipt, Receipt, decode_receipt
+from shardq.status import build_error, error_from_rpc
+
+if TYPE_CHECKING:
+    from shard_server.runtime.replicating import ShardReplica
 
 log = logging.getLogger(__name__)
 
 _SHARD_DIR = re.compile(r"shard-(\d+)")
+LOAD_WINDOW_S = 5.0
+# How often a waiting receiver in a cluster asks the other leaders again.
+REMOTE_POLL_MS = 250
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Received:
+    """Messages claimed here, and messages another leader claimed for this call."""
+
+    local: list[tuple[HostedShard, ClaimedMessage]]
+    remote: list[queue_pb2.ReceivedMessage]
+
+    def __len__(self) -> int:
+        return len(self.local) + len(self.remote)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -52,11 +76,20 @@ class SendEntry:
 
 
 class HostedShard:
-    def __init__(self, queue: HostedQueue, index: int, environment: ShardEnvironment, epoch: int) -> None:
+    def __init__(
+        self, queue: HostedQueue, index: int, environment: ShardEnvironment, epoch: int, *, replicated: bool
+    ) -> None:
         self.queue = queue
         self.index = index
         self.environment = environment
         self.epoch = epoch
+        # Set in cluster mode: leadership from the shard's lease, and log shipping.
+        self.replica: ShardReplica | None = None
+        with environment.read() as tx:
+            self.last_written_index = tx.last_index()
+        self._load_window_started = time.monotonic()
+        self._load_requests = 0
+        self._load = 0.0
         labels = (queue.config.name, str(index))
         self.sent = metrics.SENT.labels(*labels)
         self.duplicates = metrics.DUPLICATES.labels(*labels)
@@ -73,16 +106,56 @@ class HostedShard:
             self.context,
             name=f"{queue.config.name}-{index}",
             on_commit=self._on_commit,
+            replicated=self._wait_replicated if replicated else None,
         )
 
     def context(self) -> ShardContext:
         return ShardContext(self.queue.config, self.index, self.epoch)
 
+    def is_local_leader(self) -> bool:
+        return self.replica is None or self.replica.is_serving()
+
+    def require_leader(self) -> None:
+        if self.replica is not None:
+            self.replica.require_serving()
+
+    async def _wait_replicated(self, index: int) -> None:
+        if self.replica is not None:
+            await self.replica.wait_committed(index)
+
+    def replace_environment(self, environment: ShardEnvironment) -> None:
+        self.environment = environment
+        self.committer.environment = environment
+        with environment.read() as tx:
+            self.last_written_index = tx.last_index()
+
     def _on_commit(self, report: CommitReport) -> None:
         if report.log_index:
             self._commits.inc()
             self._batch.observe(report.requests)
+            self.last_written_index = report.log_index
+            if self.replica is not None:
+                self.replica.note_local_commit(report.log_index)
+        self._count_load(report.requests)
         self.queue.wake()
+
+    def _count_load(self, requests: int) -> None:
+        self._load_requests += requests
+        elapsed = time.monotonic() - self._load_window_started
+        if elapsed >= LOAD_WINDOW_S:
+            self._load = self._load_requests / elapsed
+            self._load_requests = 0
+            self._load_window_started = time.monotonic()
+
+    def load_per_second(self) -> float:
+        """Requests per second over the last load window (leadership moves use it)."""
+        if time.monotonic() - self._load_window_started > 2 * LOAD_WINDOW_S:
+            return 0.0
+        return self._load
+
+    def message_count(self) -> int:
+        with self.environment.read() as tx:
+            return tx.message_count()
 
     def next_visible_at(self) -> int | None:
         with self.environment.read() as tx:
@@ -98,25 +171,73 @@ class HostedShard:
 
 
 class HostedQueue:
-    def __init__(self, config: QueueConfig, directory: pathlib.Path, *, map_size: int) -> None:
+    def __init__(
+        self,
+        config: QueueConfig,
+        directory: pathlib.Path,
+        *,
+        map_size: int,
+        local_shards: Sequence[int] | None = None,
+        router: Router | None = None,
+    ) -> None:
+        """Host `local_shards` (all shards when standalone) of the queue in `directory`.
+
+        Standalone (no router): every shard is local and led here. Cluster mode:
+        only the shards placed on this server are local, leadership comes from
+        their leases, and the router forwards the rest to their leaders.
+        """
         self.config = config
+        self.router = router
         self._waiters: set[asyncio.Future[None]] = set()
         self._round_robin = itertools.count()
         self._receive_start = itertools.count()
         # Set when a receive dead-letters something; the mover then runs at once.
         self.dead_letters_waiting = asyncio.Event()
         _refuse_orphaned_shards(config, directory)
+        self.directory = directory
+        self.map_size = map_size
         self.shards: list[HostedShard] = []
-        for index in range(config.shards):
-            environment = ShardEnvironment(
-                directory / f"shard-{index}", queue=config.name, shard=index, map_size=map_size
-            )
-            # Standalone leadership: every start is a new epoch, so a claim made
-            # just before a crash (answered, never committed) can never be
-            # confused with a claim made after the restart.
-            epoch = environment.epoch() + 1
-            environment.set_epoch(epoch)
-            self.shards.append(HostedShard(self, index, environment, epoch))
+        indexes = range(config.shards) if local_shards is None else local_shards
+        for index in indexes:
+            environment = self.open_environment(index)
+            if router is None:
+                # Standalone leadership: every start is a new epoch, so a claim made
+                # just before a crash (answered, never committed) can never be
+                # confused with a claim made after the restart.
+                epoch = environment.epoch() + 1
+                environment.set_epoch(epoch)
+            else:
+                epoch = environment.epoch()  # raised by the lease when this replica leads
+            self.shards.append(HostedShard(self, index, environment, epoch, replicated=router is not None))
+        self.by_index = {shard.index: shard for shard in self.shards}
+
+    def open_environment(self, index: int) -> ShardEnvironment:
+        return ShardEnvironment(
+            self.directory / f"shard-{index}", queue=self.config.name, shard=index, map_size=self.map_size
+        )
+
+    def leader_here(self, index: int) -> HostedShard | None:
+        shard = self.by_index.get(index)
+        return shard if shard is not None and shard.is_local_leader() else None
+
+    def not_leader(self, index: int) -> NotLeader:
+        leader = ""
+        if self.router is not None:
+            leader = self.router.address_of(self.router.leader_of(self.config.name, index)[0])
+        return NotLeader(f"queue {self.config.name!r} shard {index} is not led by this server", leader=leader)
+
+    def remote_leaders(self) -> list[str]:
+        """Server ids leading some shard of this queue elsewhere."""
+        if self.router is None:
+            return []
+        leaders = {
+            self.router.leader_of(self.config.name, index)[0]
+            for index in range(self.config.shards)
+            if self.leader_here(index) is None
+        }
+        leaders.discard("")
+        leaders.discard(self.router.server_id)
+        return sorted(leaders)
 
     # -- waking long pollers ---------------------------------------------------
     def wake(self) -> None:
@@ -138,72 +259,167 @@ class HostedQueue:
             self._waiters.discard(waiter)
 
     # -- send --------------------------------------------------------------------
-    async def send(self, messages: Sequence[NewMessage]) -> list[SendEntry]:
+    async def send(
+        self, messages: Sequence[NewMessage], *, shard: int | None = None, forwarded: bool = False
+    ) -> list[SendEntry]:
+        """Store messages, each on its routed shard (or all on `shard`).
+
+        Shards led elsewhere get their part forwarded to the leader, unless this
+        call was itself forwarded: then they are refused with NOT_LEADER.
+        """
         by_shard: dict[int, list[int]] = {}
         start = next(self._round_robin)
         for position, message in enumerate(messages):
-            shard = choose_shard(self.config, message, round_robin=start)
-            by_shard.setdefault(shard, []).append(position)
+            target = shard if shard is not None else choose_shard(self.config, message, round_robin=start)
+            by_shard.setdefault(target, []).append(position)
         entries: list[SendEntry] = [SendEntry()] * len(messages)
 
-        async def send_to(shard: HostedShard, positions: list[int]) -> None:
+        async def send_to(index: int, positions: list[int]) -> None:
             batch = [messages[p] for p in positions]
+            local = self.leader_here(index)
             try:
-                outcomes = await shard.committer.submit(
-                    lambda tx, context, now: sending.send_messages(tx, context, batch, now_ms=now)
-                )
+                if local is not None:
+                    stored = await self._send_local(local, batch)
+                elif forwarded or self.router is None:
+                    raise self.not_leader(index)
+                else:
+                    stored = await self._send_remote(index, batch)
             except ShardqError as error:
                 for position in positions:
-                    entries[position] = SendEntry(shard=shard.index, error=error)
+                    entries[position] = SendEntry(shard=index, error=error)
                 return
-            duplicates = 0
-            for position, outcome in zip(positions, outcomes, strict=True):
-                duplicates += outcome.duplicate
-                entries[position] = SendEntry(outcome.message_id, outcome.seq, shard.index, outcome.duplicate)
-            shard.sent.inc(len(outcomes) - duplicates)
-            if duplicates:
-                shard.duplicates.inc(duplicates)
+            for position, entry in zip(positions, stored, strict=True):
+                entries[position] = entry
 
         if len(by_shard) == 1:
-            ((shard_index, positions),) = by_shard.items()
-            await send_to(self.shards[shard_index], positions)
+            ((index, positions),) = by_shard.items()
+            await send_to(index, positions)
         else:
-            await asyncio.gather(*(send_to(self.shards[i], p) for i, p in by_shard.items()))
+            await asyncio.gather(*(send_to(i, p) for i, p in by_shard.items()))
         errors = [entry.error for entry in entries if entry.error is not None]
         if errors and len(errors) == len(entries):
             raise errors[0]  # nothing was stored: fail the whole call
         return entries
 
+    async def _send_local(self, shard: HostedShard, batch: list[NewMessage]) -> list[SendEntry]:
+        outcomes = await shard.committer.submit(
+            lambda tx, context, now: sending.send_messages(tx, context, batch, now_ms=now)
+        )
+        duplicates = sum(1 for outcome in outcomes if outcome.duplicate)
+        shard.sent.inc(len(outcomes) - duplicates)
+        if duplicates:
+            shard.duplicates.inc(duplicates)
+        return [SendEntry(o.message_id, o.seq, shard.index, o.duplicate) for o in outcomes]
+
+    async def _send_remote(self, index: int, batch: list[NewMessage]) -> list[SendEntry]:
+        assert self.router is not None
+        leader, _ = self.router.leader_of(self.config.name, index)
+        if not leader or leader == self.router.server_id:
+            raise self.not_leader(index)
+        request = queue_pb2.SendMessagesRequest(
+            queue=self.config.name,
+            shard=index,
+            messages=[
+                queue_pb2.MessageToSend(
+                    body=m.body, attributes=m.attributes, group_id=m.group_id, dedup_id=m.dedup_id, delay_ms=m.delay_ms
+                )
+                for m in batch
+            ],
+        )
+        try:
+            response = await self.router.stub_for(leader).SendMessages(request, metadata=FORWARDED, timeout=30)
+        except grpc.RpcError as error:
+            raise error_from_rpc(error, queue=self.config.name) from None
+        return [
+            SendEntry(
+                r.message_id,
+                r.seq,
+                r.shard,
+                r.duplicate,
+                build_error(reason=r.error.reason, message=r.error.message) if r.error.reason else None,
+            )
+            for r in response.results
+        ]
+
     # -- receive -----------------------------------------------------------------
     async def receive(
-        self, *, max_messages: int, visibility_timeout_ms: int, wait_ms: int
-    ) -> list[tuple[HostedShard, ClaimedMessage]]:
+        self,
+        *,
+        max_messages: int,
+        visibility_timeout_ms: int,
+        wait_ms: int,
+        shard: int | None = None,
+        forwarded: bool = False,
+    ) -> Received:
+        """Claim up to max_messages, long-polling up to wait_ms for the first.
+
+        Local leader shards are tried first; a server with nothing to hand out
+        asks the other leaders (without waiting) before it waits itself.
+        """
+        if shard is not None and self.leader_here(shard) is None:
+            if forwarded or self.router is None:
+                raise self.not_leader(shard)
+            leader, _ = self.router.leader_of(self.config.name, shard)
+            return Received([], await self._receive_remote(leader, max_messages, visibility_timeout_ms, wait_ms, shard))
         deadline = wall_clock_ms() + wait_ms
         while True:
-            claimed = await self._claim_now(max_messages, visibility_timeout_ms)
+            local = [s for s in self.shards if s.is_local_leader() and (shard is None or s.index == shard)]
+            claimed = await self._claim_now(local, max_messages, visibility_timeout_ms)
+            if claimed:
+                return Received(claimed, [])
+            if not forwarded and shard is None:
+                for leader in self.remote_leaders():
+                    remote = await self._receive_remote(leader, max_messages, visibility_timeout_ms, 0, None)
+                    if remote:
+                        return Received([], remote)
             now = wall_clock_ms()
-            if claimed or now >= deadline:
-                return claimed
+            if now >= deadline:
+                return Received([], [])
             wake_at = deadline
-            for shard in self.shards:
-                visible_at = shard.next_visible_at()
+            if self.router is not None:
+                wake_at = min(wake_at, now + REMOTE_POLL_MS)  # other leaders cannot wake us
+            for local_shard in local:
+                visible_at = local_shard.next_visible_at()
                 if visible_at is not None:
                     wake_at = min(wake_at, max(visible_at, now + 1))
             await self._wait_for_change((wake_at - now) / 1000)
 
+    async def _receive_remote(
+        self, leader: str, max_messages: int, visibility_timeout_ms: int, wait_ms: int, shard: int | None
+    ) -> list[queue_pb2.ReceivedMessage]:
+        assert self.router is not None
+        request = queue_pb2.ReceiveMessagesRequest(
+            queue=self.config.name,
+            max_messages=max_messages,
+            visibility_timeout_ms=visibility_timeout_ms,
+            wait_time_ms=wait_ms,
+        )
+        if shard is not None:
+            request.shard = shard
+        try:
+            response = await self.router.stub_for(leader).ReceiveMessages(
+                request, metadata=FORWARDED, timeout=wait_ms / 1000 + 10
+            )
+        except grpc.RpcError as error:
+            if shard is not None:
+                raise error_from_rpc(error, queue=self.config.name) from None
+            return []  # that leader is unreachable: the others may still serve
+        return list(response.messages)
+
     async def _claim_now(
-        self, max_messages: int, visibility_timeout_ms: int
+        self, shards: list[HostedShard], max_messages: int, visibility_timeout_ms: int
     ) -> list[tuple[HostedShard, ClaimedMessage]]:
         now = wall_clock_ms()
-        count = len(self.shards)
+        count = len(shards)
         start = next(self._receive_start)
         claimed: list[tuple[HostedShard, ClaimedMessage]] = []
         for offset in range(count):
-            shard = self.shards[(start + offset) % count]
+            shard = shards[(start + offset) % count]
             visible_at = shard.next_visible_at()
             if visible_at is None or visible_at > now:
                 continue  # a read transaction is far cheaper than a write batch
             wanted = max_messages - len(claimed)
+            shard.require_leader()
             outcome = await shard.committer.submit(
                 functools.partial(_claim, max_messages=wanted, visibility_timeout_ms=visibility_timeout_ms),
                 answer_before_commit=True,
@@ -234,7 +450,7 @@ class HostedQueue:
             except MalformedReceipt:
                 results[position] = Reason.MALFORMED_RECEIPT
                 continue
-            if receipt.shard >= len(self.shards):
+            if receipt.shard >= self.config.shards:
                 results[position] = Reason.WRONG_QUEUE
                 continue
             by_shard.setdefault(receipt.shard, []).append((position, receipt))
@@ -245,40 +461,80 @@ class HostedQueue:
         receipts: Sequence[str],
         act: Callable[[LmdbShardTransaction, ShardContext, Receipt, int, int], Reason | None],
         succeeded_counter: Callable[[HostedShard], Counter] | None,
+        forward: Callable[[str, list[int]], Awaitable[list[Reason | None]]],
+        *,
+        forwarded: bool,
     ) -> list[Reason | None]:
-        """Apply `act(tx, context, receipt, position, now)` to every receipt, per shard."""
+        """Apply `act(tx, context, receipt, position, now)` to every receipt, per shard;
+        `forward(leader, positions)` sends the positions of a remote shard to its leader."""
         results, by_shard = self._decode(receipts)
 
-        async def act_on(shard: HostedShard, items: list[tuple[int, Receipt]]) -> None:
-            def work(tx: LmdbShardTransaction, context: ShardContext, now: int) -> list[Reason | None]:
-                return [act(tx, context, receipt, position, now) for position, receipt in items]
+        async def act_on(index: int, items: list[tuple[int, Receipt]]) -> None:
+            shard = self.leader_here(index)
+            outcomes: list[Reason | None]
+            if shard is None:
+                leader = "" if self.router is None else self.router.leader_of(self.config.name, index)[0]
+                if forwarded or self.router is None or not leader or leader == self.router.server_id:
+                    outcomes = [Reason.NOT_LEADER] * len(items)
+                else:
+                    try:
+                        outcomes = await forward(leader, [position for position, _ in items])
+                    except ShardqError as error:
+                        outcomes = [error.reason] * len(items)
+            else:
 
-            outcomes = await shard.committer.submit(work)
+                def work(tx: LmdbShardTransaction, context: ShardContext, now: int) -> list[Reason | None]:
+                    return [act(tx, context, receipt, position, now) for position, receipt in items]
+
+                outcomes = await shard.committer.submit(work)
+                shard.count_rejections(outcomes)
+                succeeded = sum(1 for outcome in outcomes if outcome is None)
+                if succeeded and succeeded_counter is not None:
+                    succeeded_counter(shard).inc(succeeded)
             for (position, _), outcome in zip(items, outcomes, strict=True):
                 results[position] = outcome
-            shard.count_rejections(outcomes)
-            succeeded = sum(1 for outcome in outcomes if outcome is None)
-            if succeeded and succeeded_counter is not None:
-                succeeded_counter(shard).inc(succeeded)
 
-        await asyncio.gather(*(act_on(self.shards[index], items) for index, items in by_shard.items()))
+        await asyncio.gather(*(act_on(index, items) for index, items in by_shard.items()))
         return results
 
-    async def delete(self, receipts: Sequence[str]) -> list[Reason | None]:
+    async def _forward_entries(self, leader: str, call: str, request: object) -> list[Reason | None]:
+        assert self.router is not None
+        stub = self.router.stub_for(leader)
+        try:
+            response = await getattr(stub, call)(request, metadata=FORWARDED, timeout=30)
+        except grpc.RpcError as error:
+            raise error_from_rpc(error, queue=self.config.name) from None
+        return [None if r.ok else Reason(r.error.reason) for r in response.results]
+
+    async def delete(self, receipts: Sequence[str], *, forwarded: bool = False) -> list[Reason | None]:
         return await self._act_on_receipts(
             receipts,
             lambda tx, context, receipt, _, now: acknowledging.delete_message(tx, context, receipt, now_ms=now),
             lambda shard: shard.deleted,
+            lambda leader, positions: self._forward_entries(
+                leader,
+                "DeleteMessages",
+                queue_pb2.DeleteMessagesRequest(queue=self.config.name, receipts=[receipts[p] for p in positions]),
+            ),
+            forwarded=forwarded,
         )
 
-    async def release(self, receipts: Sequence[str]) -> list[Reason | None]:
+    async def release(self, receipts: Sequence[str], *, forwarded: bool = False) -> list[Reason | None]:
         return await self._act_on_receipts(
             receipts,
             lambda tx, context, receipt, _, now: acknowledging.release_message(tx, context, receipt, now_ms=now),
             lambda shard: shard.released,
+            lambda leader, positions: self._forward_entries(
+                leader,
+                "ReleaseMessages",
+                queue_pb2.ReleaseMessagesRequest(queue=self.config.name, receipts=[receipts[p] for p in positions]),
+            ),
+            forwarded=forwarded,
         )
 
-    async def change_visibility(self, changes: Sequence[tuple[str, int]]) -> list[Reason | None]:
+    async def change_visibility(
+        self, changes: Sequence[tuple[str, int]], *, forwarded: bool = False
+    ) -> list[Reason | None]:
         timeouts = [timeout for _, timeout in changes]
         return await self._act_on_receipts(
             [receipt for receipt, _ in changes],
@@ -286,20 +542,44 @@ class HostedQueue:
                 tx, context, receipt, visibility_timeout_ms=timeouts[position], now_ms=now
             ),
             None,
+            lambda leader, positions: self._forward_entries(
+                leader,
+                "ChangeVisibility",
+                queue_pb2.ChangeVisibilityRequest(
+                    queue=self.config.name,
+                    changes=[
+                        queue_pb2.VisibilityChange(receipt=changes[p][0], visibility_timeout_ms=changes[p][1])
+                        for p in positions
+                    ],
+                ),
+            ),
+            forwarded=forwarded,
         )
 
     # -- administration ----------------------------------------------------------
-    async def purge(self) -> int:
+    async def purge(self, *, forwarded: bool = False) -> int:
+        local = [shard for shard in self.shards if shard.is_local_leader()]
         counts = await asyncio.gather(
             *(
                 shard.committer.submit(lambda tx, context, now: housekeeping.purge(tx, context, now_ms=now))
-                for shard in self.shards
+                for shard in local
             )
         )
-        return sum(counts)
+        total = sum(counts)
+        if not forwarded and self.router is not None:
+            for leader in self.remote_leaders():
+                try:
+                    response = await self.router.stub_for(leader).PurgeQueue(
+                        queue_pb2.PurgeQueueRequest(queue=self.config.name), metadata=FORWARDED, timeout=30
+                    )
+                except grpc.RpcError as error:
+                    raise error_from_rpc(error, queue=self.config.name) from None
+                total += response.purged
+        return total
 
     def stats(self) -> list[ShardStats]:
-        return [shard.stats() for shard in self.shards]
+        """Stats of the shards led here (all of them when standalone)."""
+        return [shard.stats() for shard in self.shards if shard.is_local_leader()]
 
     async def close(self) -> None:
         for shard in self.shards:
@@ -329,18 +609,40 @@ def _refuse_orphaned_shards(config: QueueConfig, directory: pathlib.Path) -> Non
 
 
 class QueueHost:
-    """Every queue this server hosts, opened from one data directory."""
+    """Every queue this server hosts, opened from one data directory.
 
-    def __init__(self, data_dir: pathlib.Path, configs: Iterable[QueueConfig], *, map_size: int = DEFAULT_MAP_SIZE):
+    Standalone: `configs` are all hosted whole. Cluster mode (`cluster` given):
+    every queue of the cluster file is known, and the shards placed on
+    `server_id` are hosted here as replicas.
+    """
+
+    def __init__(
+        self,
+        data_dir: pathlib.Path,
+        configs: Iterable[QueueConfig],
+        *,
+        map_size: int = DEFAULT_MAP_SIZE,
+        cluster: ClusterFile | None = None,
+        server_id: str = "",
+        router: Router | None = None,
+    ) -> None:
         self.data_dir = data_dir
-        # What DescribeQueue names as every shard's leader until replication
-        # places leaders on several servers; set by the server once bound.
+        self.cluster = cluster
+        self.server_id = server_id
+        self.router = router
+        # What DescribeQueue names as every shard's leader when standalone; set
+        # by the server once bound.
         self.advertised_address = ""
         self.queues: dict[str, HostedQueue] = {}
         for config in configs:
             if config.name in self.queues:
                 raise ValueError(f"queue {config.name!r} is configured twice")
-            self.queues[config.name] = HostedQueue(config, data_dir / "queues" / config.name, map_size=map_size)
+            local = None
+            if cluster is not None:
+                local = [i for i, replicas in enumerate(cluster.placement[config.name]) if server_id in replicas]
+            self.queues[config.name] = HostedQueue(
+                config, data_dir / "queues" / config.name, map_size=map_size, local_shards=local, router=router
+            )
         for queue in self.queues.values():
             dead_letter_queue = queue.config.dead_letter_queue
             if dead_letter_queue and dead_letter_queue not in self.queues:
@@ -358,6 +660,16 @@ class QueueHost:
 
     def shard_stats_sources(self) -> list[tuple[str, int, HostedShard]]:
         return [(queue.config.name, shard.index, shard) for queue in self.queues.values() for shard in queue.shards]
+
+    def routes(self, queue: HostedQueue) -> list[tuple[int, str, int]]:
+        """(shard, leader address, epoch) for every shard of the queue."""
+        if self.router is None:
+            return [(shard.index, self.advertised_address, shard.epoch) for shard in queue.shards]
+        routes = []
+        for index in range(queue.config.shards):
+            leader, epoch = self.router.leader_of(queue.config.name, index)
+            routes.append((index, self.router.address_of(leader), epoch))
+        return routes
 
     async def close(self) -> None:
         for queue in self.queues.values():

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shard_server.domain.messages import NewMessage, format_message_id
-from shard_server.domain.receiving import ClaimedMessage
 from shard_server.domain.validation import validate_message, validate_send_batch
-from shard_server.runtime.hosting import HostedShard, SendEntry
+from shard_server.runtime.hosting import Received, SendEntry
 from shard_server.service.errors import entry_error
 from shardq.api.v1 import queue_pb2
 from shardq.errors import Reason
@@ -46,9 +45,9 @@ def send_response_to_proto(entries: Sequence[SendEntry]) -> queue_pb2.SendMessag
     return queue_pb2.SendMessagesResponse(results=results)
 
 
-def received_to_proto(claimed: Sequence[tuple[HostedShard, ClaimedMessage]]) -> queue_pb2.ReceiveMessagesResponse:
+def received_to_proto(received: Received) -> queue_pb2.ReceiveMessagesResponse:
     messages = []
-    for shard, message in claimed:
+    for shard, message in received.local:
         record = message.record
         delivery = message.delivery
         messages.append(
@@ -67,6 +66,7 @@ def received_to_proto(claimed: Sequence[tuple[HostedShard, ClaimedMessage]]) -> 
                 seq=record.seq,
             )
         )
+    messages.extend(received.remote)
     return queue_pb2.ReceiveMessagesResponse(messages=messages)
 
 

@@ -20,6 +20,7 @@ from shard_server.domain.validation import (
 )
 from shard_server.runtime import background
 from shard_server.runtime.committing import wall_clock_ms
+from shard_server.runtime.forwarding import FORWARDED, FORWARDED_HEADER
 from shard_server.runtime.hosting import QueueHost
 from shard_server.service.converting import (
     config_to_proto,
@@ -41,6 +42,19 @@ Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 # long a consumer stream waits in one receive before looking at its credits again.
 SEND_STREAM_IN_FLIGHT = 256
 CONSUME_POLL_MS = 1_000
+
+
+def is_forwarded(context: Context) -> bool:
+    """Whether another server forwarded this call (it must then not be forwarded again)."""
+    return any(key == FORWARDED_HEADER for key, _ in context.invocation_metadata() or ())
+
+
+def _pinned_shard(request: queue_pb2.SendMessagesRequest | queue_pb2.ReceiveMessagesRequest, shards: int) -> int | None:
+    if not request.HasField("shard"):
+        return None
+    if request.shard >= shards:
+        raise InvalidArgument("shard", f"the queue has {shards} shards")
+    return request.shard
 
 
 def unary(
@@ -74,16 +88,20 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
     def __init__(self, host: QueueHost) -> None:
         self.host = host
 
-    async def _send(self, request: queue_pb2.SendMessagesRequest) -> queue_pb2.SendMessagesResponse:
+    async def _send(
+        self, request: queue_pb2.SendMessagesRequest, *, forwarded: bool = False
+    ) -> queue_pb2.SendMessagesResponse:
         queue = self.host.get(request.queue)
-        entries = await queue.send(messages_from_proto(queue.config, request.messages))
+        shard = _pinned_shard(request, queue.config.shards)
+        messages = messages_from_proto(queue.config, request.messages)
+        entries = await queue.send(messages, shard=shard, forwarded=forwarded)
         return send_response_to_proto(entries)
 
     @unary("SendMessages")
     async def SendMessages(
         self, request: queue_pb2.SendMessagesRequest, context: Context
     ) -> queue_pb2.SendMessagesResponse:
-        return await self._send(request)
+        return await self._send(request, forwarded=is_forwarded(context))
 
     @unary("ReceiveMessages")
     async def ReceiveMessages(
@@ -98,10 +116,14 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             ),
             wait_ms=request.wait_time_ms,
         )
-        claimed = await queue.receive(
-            max_messages=request.max_messages, visibility_timeout_ms=visibility, wait_ms=request.wait_time_ms
+        received = await queue.receive(
+            max_messages=request.max_messages,
+            visibility_timeout_ms=visibility,
+            wait_ms=request.wait_time_ms,
+            shard=_pinned_shard(request, queue.config.shards),
+            forwarded=is_forwarded(context),
         )
-        return received_to_proto(claimed)
+        return received_to_proto(received)
 
     @unary("DeleteMessages")
     async def DeleteMessages(
@@ -109,7 +131,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
     ) -> queue_pb2.DeleteMessagesResponse:
         queue = self.host.get(request.queue)
         validate_receipts("receipts", request.receipts)
-        outcomes = await queue.delete(list(request.receipts))
+        outcomes = await queue.delete(list(request.receipts), forwarded=is_forwarded(context))
         return queue_pb2.DeleteMessagesResponse(results=entry_results_to_proto(outcomes))
 
     @unary("ChangeVisibility")
@@ -127,7 +149,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             )
             for index, change in enumerate(request.changes)
         ]
-        outcomes = await queue.change_visibility(changes)
+        outcomes = await queue.change_visibility(changes, forwarded=is_forwarded(context))
         return queue_pb2.ChangeVisibilityResponse(results=entry_results_to_proto(outcomes))
 
     @unary("ReleaseMessages")
@@ -136,12 +158,13 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
     ) -> queue_pb2.ReleaseMessagesResponse:
         queue = self.host.get(request.queue)
         validate_receipts("receipts", request.receipts)
-        outcomes = await queue.release(list(request.receipts))
+        outcomes = await queue.release(list(request.receipts), forwarded=is_forwarded(context))
         return queue_pb2.ReleaseMessagesResponse(results=entry_results_to_proto(outcomes))
 
     @unary("PurgeQueue")
     async def PurgeQueue(self, request: queue_pb2.PurgeQueueRequest, context: Context) -> queue_pb2.PurgeQueueResponse:
-        return queue_pb2.PurgeQueueResponse(purged=await self.host.get(request.queue).purge())
+        queue = self.host.get(request.queue)
+        return queue_pb2.PurgeQueueResponse(purged=await queue.purge(forwarded=is_forwarded(context)))
 
     @unary("GetQueueAttributes")
     async def GetQueueAttributes(
@@ -150,26 +173,38 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         queue = self.host.get(request.queue)
         # Counting scans the index past `now`: keep it off the event loop.
         stats = await asyncio.to_thread(queue.stats)
+        leaders = [shard for shard in queue.shards if shard.is_local_leader()]
         shards = [
             queue_pb2.ShardAttributes(
-                shard=index,
+                shard=shard.index,
                 visible=s.visible,
                 in_flight=s.in_flight,
                 delayed=s.delayed,
                 dead_letter_pending=s.dead_letter_pending,
                 oldest_sent_at_ms=s.oldest_sent_at_ms,
                 commit_index=s.last_index,
-                epoch=s.epoch,
+                epoch=shard.epoch,
             )
-            for index, s in enumerate(stats)
+            for shard, s in zip(leaders, stats, strict=True)
         ]
-        oldest = min((s.oldest_sent_at_ms for s in stats if s.oldest_sent_at_ms), default=0)
+        if not is_forwarded(context) and queue.router is not None:
+            # The other shards' counts come from their leaders.
+            for leader in queue.remote_leaders():
+                try:
+                    remote = await queue.router.stub_for(leader).GetQueueAttributes(
+                        request, metadata=FORWARDED, timeout=10
+                    )
+                except grpc.RpcError:
+                    continue  # counts are approximate; an unreachable leader's shards are missing
+                shards.extend(remote.shards)
+        shards.sort(key=lambda a: a.shard)
+        oldest = min((a.oldest_sent_at_ms for a in shards if a.oldest_sent_at_ms), default=0)
         return queue_pb2.QueueAttributes(
             queue=queue.config.name,
-            visible=sum(s.visible for s in stats),
-            in_flight=sum(s.in_flight for s in stats),
-            delayed=sum(s.delayed for s in stats),
-            dead_letter_pending=sum(s.dead_letter_pending for s in stats),
+            visible=sum(a.visible for a in shards),
+            in_flight=sum(a.in_flight for a in shards),
+            delayed=sum(a.delayed for a in shards),
+            dead_letter_pending=sum(a.dead_letter_pending for a in shards),
             oldest_sent_at_ms=oldest,
             oldest_age_ms=max(wall_clock_ms() - oldest, 0) if oldest else 0,
             shards=shards,
@@ -184,8 +219,8 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         return queue_pb2.QueueDescription(
             config=config_to_proto(queue.config),
             shards=[
-                queue_pb2.ShardRoute(shard=shard.index, leader_address=self.host.advertised_address, epoch=shard.epoch)
-                for shard in queue.shards
+                queue_pb2.ShardRoute(shard=index, leader_address=address, epoch=epoch)
+                for index, address, epoch in self.host.routes(queue)
             ],
         )
 
@@ -314,14 +349,15 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                     continue
                 # Claim for every credit at once (one commit round trip) and push
                 # in frames of max_batch: round trips, not frames, bound the rate.
-                claimed = await queue.receive(
+                received = await queue.receive(
                     max_messages=min(credits, MAX_RECEIVE_BATCH),
                     visibility_timeout_ms=visibility,
                     wait_ms=CONSUME_POLL_MS,
                 )
-                credits -= len(claimed)
-                for start in range(0, len(claimed), max_batch):
-                    frame = received_to_proto(claimed[start : start + max_batch])
+                credits -= len(received)
+                messages = list(received_to_proto(received).messages)
+                for start in range(0, len(messages), max_batch):
+                    frame = queue_pb2.ReceiveMessagesResponse(messages=messages[start : start + max_batch])
                     outgoing.put_nowait(queue_pb2.ConsumeResponse(messages=frame))
 
         reader = asyncio.create_task(read_requests())

@@ -37,7 +37,8 @@ MESSAGE_DBS = (DB_MESSAGES, DB_DELIVERY, DB_INDEX, DB_DEAD_LETTERS, DB_GROUPS)
 
 META_LAST_SEQ = b"last_seq"
 META_LAST_INDEX = b"last_index"
-META_EPOCH = b"epoch"
+META_EPOCH = b"epoch"  # the highest epoch this replica has seen (fencing)
+META_APPLIED_INDEX = b"applied_index"  # log entries applied to the state, in order
 META_IDENTITY = b"identity"  # queue name and shard number, checked on open
 
 DEDUP_VALUE = struct.Struct(">QqQ")

@@ -371,6 +371,9 @@ class LmdbShardTransaction:
         index = self.last_index() + 1
         entry = encode_entry(epoch=epoch, index=index, at_ms=at_ms, encoded_events=self._events)
         self.txn.put(keys.U64.pack(index), entry, db=self._log, append=True)
-        self.txn.put(keys.META_LAST_INDEX, keys.U64.pack(index), db=self._meta)
+        packed = keys.U64.pack(index)
+        self.txn.put(keys.META_LAST_INDEX, packed, db=self._meta)
+        # A leader applies as it decides, so its applied index is its last index.
+        self.txn.put(keys.META_APPLIED_INDEX, packed, db=self._meta)
         self._events = []
         return index

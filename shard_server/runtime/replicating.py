@@ -1,0 +1,455 @@
+"""One shard replica in a cluster: its role from the shard's Lease, log shipping when
+it leads, and commit tracking over the in-sync replicas (DESIGN §5).
+
+- The lease's holder is the leader; its transition count is the epoch. A replica
+  notices it has been made leader, applies every entry it holds, raises its
+  epoch, and only then serves. It renews the lease and stops serving by itself
+  before the lease could have expired, measured on its own monotonic clock from
+  the start of the renew request.
+- The leader ships entries to each follower; an entry is committed once every
+  in-sync replica has persisted it. A follower that stops acknowledging is
+  dropped from the ISR only after the smaller set is written to the lease (CAS).
+- Followers persist, acknowledge, and apply what the leader reports committed;
+  one that applied a divergent entry re-bootstraps from the leader's snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import pathlib
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
+
+import grpc
+
+from shard_server.cluster import ClusterFile, lease_name
+from shard_server.leases.fencing import build_isr_change, build_renewal, isr_of, safe_serving_deadline_ms
+from shard_server.leases.store import LeaseConflict, LeaseRecord, LeaseStore
+from shard_server.runtime.forwarding import PEER_CHANNEL_OPTIONS
+from shard_server.storage import replica_log
+from shard_server.storage.lmdb_store import ShardEnvironment
+from shardq.api.v1 import replication_pb2, replication_pb2_grpc
+from shardq.errors import NotLeader
+
+if TYPE_CHECKING:
+    from shard_server.runtime.hosting import HostedShard
+
+log = logging.getLogger(__name__)
+
+WATCH_PERIOD_S = 0.1
+HEARTBEAT_S = 0.1
+APPEND_TIMEOUT_S = 2.0
+MAX_APPEND_ENTRIES = 512
+MAX_APPEND_BYTES = 8 << 20
+# A follower that has not caught up for this long leaves the ISR (after CAS).
+ISR_LAG_MS = 1_000
+SNAPSHOT_CHUNK = 1 << 20
+
+
+class Role(enum.Enum):
+    FOLLOWER = "follower"
+    PROMOTING = "promoting"
+    LEADER = "leader"
+    RECOVERING = "recovering"
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class PeerChannels:
+    """One gRPC channel per peer server, shared by every replica of this server."""
+
+    def __init__(self, cluster: ClusterFile) -> None:
+        self._cluster = cluster
+        self._stubs: dict[str, replication_pb2_grpc.ReplicationServiceAsyncStub] = {}
+        self._channels: list[grpc.aio.Channel] = []
+
+    def stub(self, server_id: str) -> replication_pb2_grpc.ReplicationServiceAsyncStub:
+        stub = self._stubs.get(server_id)
+        if stub is None:
+            channel = grpc.aio.insecure_channel(self._cluster.servers[server_id], options=PEER_CHANNEL_OPTIONS)
+            self._channels.append(channel)
+            stub = self._stubs[server_id] = replication_pb2_grpc.ReplicationServiceStub(channel)
+        return stub
+
+    async def close(self) -> None:
+        for channel in self._channels:
+            await channel.close()
+
+
+class ShardReplica:
+    """Leadership and replication state of one hosted replica."""
+
+    def __init__(
+        self,
+        shard: HostedShard,
+        *,
+        server_id: str,
+        cluster: ClusterFile,
+        leases: LeaseStore,
+        peers: PeerChannels,
+        reopen: Callable[[], ShardEnvironment],
+    ) -> None:
+        self.shard = shard
+        self.server_id = server_id
+        self.cluster = cluster
+        self.leases = leases
+        self.peers = peers
+        self.name = lease_name(shard.queue.config.name, shard.index)
+        self.replicas = cluster.replicas_of(shard.queue.config.name, shard.index)
+        self.followers = [r for r in self.replicas if r != server_id]
+        self.role = Role.FOLLOWER
+        self.leader_id = ""
+        self.commit_index = 0
+        self.isr: frozenset[str] = frozenset(self.replicas)
+        self._reopen = reopen
+        self._serving_until_ms = 0
+        self._match: dict[str, int] = {}
+        self._progress_at: dict[str, int] = {}
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._new_entries = asyncio.Event()
+        self._leader_tasks: list[asyncio.Task[None]] = []
+        self._recovering: asyncio.Task[None] | None = None
+        self._isr_changing = False
+
+    # -- what the rest of the server asks ------------------------------------------
+    def is_serving(self) -> bool:
+        return self.role is Role.LEADER and monotonic_ms() < self._serving_until_ms
+
+    def leader_address(self) -> str:
+        return self.cluster.servers.get(self.leader_id, "")
+
+    def require_serving(self) -> None:
+        if not self.is_serving():
+            raise NotLeader(
+                f"{self.name}: this server ({self.server_id}) does not lead the shard", leader=self.leader_address()
+            )
+
+    def note_local_commit(self, index: int) -> None:
+        """The leader wrote entry `index` locally; wake the shippers."""
+        if index:
+            self._new_entries.set()
+            if not self.followers or not (self.isr - {self.server_id}):
+                self._advance_commit()
+
+    async def wait_committed(self, index: int) -> None:
+        """Resolve once every in-sync replica has persisted entry `index`."""
+        if index <= self.commit_index:
+            return
+        if self.role is not Role.LEADER:
+            raise NotLeader(f"{self.name}: leadership lost before the write was replicated")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((index, future))
+        self._advance_commit()
+        await future
+
+    # -- the watch loop: roles from the lease ------------------------------------------
+    async def run(self) -> None:
+        while True:
+            try:
+                await self._watch_once()
+            except Exception:
+                log.exception("%s: lease watch failed", self.name)
+            await asyncio.sleep(WATCH_PERIOD_S)
+
+    async def _watch_once(self) -> None:
+        lease = await asyncio.to_thread(self.leases.get, self.name)
+        if lease is None:
+            return
+        self.leader_id = lease.holder
+        mine = lease.holder == self.server_id
+        if self.role is Role.LEADER:
+            if not mine or lease.transitions != self.shard.epoch:
+                await self.step_down(f"lease now held by {lease.holder or 'nobody'} at epoch {lease.transitions}")
+                return
+            await self._renew(lease)
+            self._check_isr()
+        elif mine and self.role is Role.FOLLOWER and lease.transitions > self.shard.epoch:
+            await self._become_leader(lease)
+
+    async def _become_leader(self, lease: LeaseRecord) -> None:
+        self.role = Role.PROMOTING
+        epoch = lease.transitions
+        fifo = self.shard.queue.config.fifo
+        environment = self.shard.environment
+        # On the writer thread, so nothing else touches the environment meanwhile.
+        await self.shard.committer.run_exclusive(lambda: replica_log.set_epoch_seen(environment, epoch))
+        await self.shard.committer.run_exclusive(lambda: replica_log.apply_whole_log(environment, fifo=fifo))
+        self.shard.epoch = epoch
+        _, _, last, _ = replica_log.replica_indexes(environment)
+        self.isr = isr_of(lease) or frozenset(self.replicas)
+        self._match = dict.fromkeys(self.followers, 0)
+        self._progress_at = {f: monotonic_ms() for f in self.followers}
+        # Entries inherited from earlier epochs commit once the ISR holds them.
+        self.commit_index = 0
+        self.role = Role.LEADER
+        await self._renew(lease)
+        if not self.is_serving():
+            await self.step_down("could not renew the lease after promotion")
+            return
+        self._leader_tasks = [asyncio.create_task(self._ship(f)) for f in self.followers]
+        self._advance_commit()
+        log.info("%s: leading at epoch %d (log up to %d, ISR %s)", self.name, epoch, last, sorted(self.isr))
+        self.shard.queue.wake()
+
+    async def _renew(self, lease: LeaseRecord) -> None:
+        started = monotonic_ms()
+        try:
+            renewed = await asyncio.to_thread(self.leases.update, build_renewal(lease, now_ms=wall_ms()))
+        except LeaseConflict:
+            return  # re-read on the next watch; the old deadline stays in force
+        margin = renewed.duration_ms // 4
+        self._serving_until_ms = safe_serving_deadline_ms(
+            started, duration_ms=renewed.duration_ms, clock_skew_margin_ms=margin
+        )
+
+    async def step_down(self, why: str) -> None:
+        if self.role is not Role.LEADER and self.role is not Role.PROMOTING:
+            return
+        log.warning("%s: stepping down: %s", self.name, why)
+        self.role = Role.FOLLOWER
+        self._serving_until_ms = 0
+        for task in self._leader_tasks:
+            task.cancel()
+        await asyncio.gather(*self._leader_tasks, return_exceptions=True)
+        self._leader_tasks = []
+        waiters, self._waiters = self._waiters, []
+        for _, future in waiters:
+            if not future.done():
+                future.set_exception(NotLeader(f"{self.name}: leadership lost before the write was replicated"))
+
+    # -- leader: shipping and commit ----------------------------------------------------
+    def _advance_commit(self) -> None:
+        if self.role is not Role.LEADER:
+            return
+        last = self.shard.last_written_index
+        in_sync_followers = [f for f in self.followers if f in self.isr]
+        commit = min([last, *(self._match.get(f, 0) for f in in_sync_followers)])
+        self.commit_index = max(self.commit_index, commit)
+        if not self._waiters:
+            return
+        remaining = []
+        for index, future in self._waiters:
+            if index <= self.commit_index:
+                if not future.done():
+                    future.set_result(None)
+            else:
+                remaining.append((index, future))
+        self._waiters = remaining
+
+    async def _ship(self, follower: str) -> None:
+        stub = self.peers.stub(follower)
+        next_index = self.shard.last_written_index + 1
+        while self.role is Role.LEADER:
+            environment = self.shard.environment  # re-read: snapshots swap it
+            _, first, last, _ = replica_log.replica_indexes(environment)
+            entries: list[bytes] = []
+            prev_index = next_index - 1
+            if next_index < first:
+                prev_index, prev_epoch = first - 1, 0  # we no longer hold what it needs
+            else:
+                prev_epoch = (replica_log.entry_epoch_at(environment, prev_index) or 0) if prev_index else 0
+                entries = replica_log.read_entries(
+                    environment, from_index=next_index, max_entries=MAX_APPEND_ENTRIES, max_bytes=MAX_APPEND_BYTES
+                )
+            request = replication_pb2.AppendRequest(
+                queue=self.shard.queue.config.name,
+                shard=self.shard.index,
+                epoch=self.shard.epoch,
+                leader_id=self.server_id,
+                prev_index=prev_index,
+                prev_epoch=prev_epoch,
+                entries=entries,
+                commit_index=self.commit_index,
+            )
+            try:
+                response = await stub.Append(request, timeout=APPEND_TIMEOUT_S)
+            except grpc.RpcError:
+                await asyncio.sleep(HEARTBEAT_S)
+                continue
+            outcome = response.outcome
+            if outcome == replication_pb2.APPEND_OUTCOME_OK:
+                matched = prev_index + len(entries)
+                if matched > self._match.get(follower, 0) or matched >= last:
+                    self._progress_at[follower] = monotonic_ms()
+                self._match[follower] = matched
+                next_index = matched + 1
+                self._advance_commit()
+                self._check_isr()
+                if not entries:
+                    self._new_entries.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._new_entries.wait(), timeout=HEARTBEAT_S)
+            elif outcome == replication_pb2.APPEND_OUTCOME_STALE_EPOCH:
+                await self.step_down(f"follower {follower} has seen epoch {response.epoch}")
+                return
+            elif outcome == replication_pb2.APPEND_OUTCOME_MISMATCH:
+                next_index = max(1, min(next_index - 1, response.last_index + 1))
+            else:  # needs a snapshot or refused: it pulls the snapshot itself
+                await asyncio.sleep(HEARTBEAT_S * 5)
+                next_index = self.shard.last_written_index + 1
+
+    def _check_isr(self) -> None:
+        """Drop a lagging follower (or re-admit a caught-up one) by CAS on the lease."""
+        if self.role is not Role.LEADER or self._isr_changing:
+            return
+        now = monotonic_ms()
+        last = self.shard.last_written_index
+        wanted = set(self.isr)
+        for follower in self.followers:
+            caught_up = self._match.get(follower, 0) >= last
+            if follower in wanted and not caught_up and now - self._progress_at.get(follower, now) > ISR_LAG_MS:
+                wanted.discard(follower)
+            elif follower not in wanted and caught_up:
+                wanted.add(follower)
+        wanted.add(self.server_id)
+        if wanted != set(self.isr):
+            self._isr_changing = True
+            asyncio.get_running_loop().create_task(self._write_isr(frozenset(wanted)))
+
+    async def _write_isr(self, isr: frozenset[str]) -> None:
+        try:
+            lease = await asyncio.to_thread(self.leases.get, self.name)
+            if lease is None or lease.holder != self.server_id or lease.transitions != self.shard.epoch:
+                await self.step_down("lease changed while updating the ISR")
+                return
+            await asyncio.to_thread(self.leases.update, build_isr_change(lease, isr))
+            log.info("%s: ISR is now %s", self.name, sorted(isr))
+            # Only after the lease records the smaller set may commits go on without the dropped one.
+            self.isr = isr
+            self._advance_commit()
+        except LeaseConflict:
+            pass  # retried on the next check
+        finally:
+            self._isr_changing = False
+
+    # -- follower -------------------------------------------------------------------------
+    async def append(self, request: replication_pb2.AppendRequest) -> replication_pb2.AppendResponse:
+        if request.leader_id not in self.cluster.servers or request.leader_id not in self.replicas:
+            return replication_pb2.AppendResponse(
+                outcome=replication_pb2.APPEND_OUTCOME_REFUSED, detail=f"{request.leader_id!r} is not a replica"
+            )
+        if self.role is Role.RECOVERING:
+            return replication_pb2.AppendResponse(outcome=replication_pb2.APPEND_OUTCOME_NEEDS_SNAPSHOT)
+        if self.role is Role.LEADER and request.epoch > self.shard.epoch:
+            await self.step_down(f"{request.leader_id} leads at epoch {request.epoch}")
+        if self.role is not Role.FOLLOWER and request.epoch <= self.shard.epoch:
+            return replication_pb2.AppendResponse(
+                outcome=replication_pb2.APPEND_OUTCOME_STALE_EPOCH, epoch=self.shard.epoch
+            )
+        # Only the lease's holder at that epoch may append: a forged or replayed
+        # request naming another leader is refused.
+        lease = await asyncio.to_thread(self.leases.get, self.name)
+        if lease is not None and lease.transitions == request.epoch and lease.holder != request.leader_id:
+            return replication_pb2.AppendResponse(
+                outcome=replication_pb2.APPEND_OUTCOME_REFUSED, detail="not the lease holder at that epoch"
+            )
+        environment = self.shard.environment
+        fifo = self.shard.queue.config.fifo
+        entries = list(request.entries)
+        outcome = await self.shard.committer.run_exclusive(
+            lambda: replica_log.append_as_follower(
+                environment,
+                epoch=request.epoch,
+                prev_index=request.prev_index,
+                prev_epoch=request.prev_epoch,
+                entries=entries,
+                commit_index=request.commit_index,
+                fifo=fifo,
+            )
+        )
+        self.leader_id = request.leader_id
+        self.commit_index = max(self.commit_index, min(request.commit_index, outcome.last_index))
+        if outcome.result is replica_log.AppendResult.NEEDS_SNAPSHOT and self._recovering is None:
+            self._recovering = asyncio.create_task(self._bootstrap(request.leader_id))
+        return replication_pb2.AppendResponse(
+            outcome=_OUTCOMES[outcome.result], epoch=outcome.epoch, last_index=outcome.last_index, detail=outcome.detail
+        )
+
+    async def _bootstrap(self, leader: str) -> None:
+        """Replace this replica's state with a snapshot of the leader's."""
+        self.role = Role.RECOVERING
+        scratch = pathlib.Path(tempfile.mkdtemp(prefix="shardq-snapshot-"))
+        try:
+            data_file = scratch / "data.mdb"
+            received = 0
+            with data_file.open("wb") as sink:
+                request = replication_pb2.SnapshotRequest(
+                    queue=self.shard.queue.config.name, shard=self.shard.index, requester_id=self.server_id
+                )
+                async for chunk in self.peers.stub(leader).Snapshot(request, timeout=600):
+                    sink.write(chunk.data)
+                    received += len(chunk.data)
+            directory = self.shard.environment.path
+
+            def swap() -> ShardEnvironment:
+                self.shard.environment.close()
+                replica_log.install_snapshot(directory, data_file)
+                return self._reopen()
+
+            self.shard.replace_environment(await self.shard.committer.run_exclusive(swap))
+            log.info("%s: bootstrapped from %s's snapshot (%d bytes)", self.name, leader, received)
+        except (grpc.RpcError, OSError) as error:
+            log.warning("%s: snapshot from %s failed: %s", self.name, leader, error)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+            self.role = Role.FOLLOWER
+            self._recovering = None
+
+    async def snapshot(self) -> AsyncIterator[replication_pb2.SnapshotChunk]:
+        scratch = pathlib.Path(tempfile.mkdtemp(prefix="shardq-copy-"))
+        try:
+            data_file, last = await asyncio.to_thread(replica_log.snapshot_to, self.shard.environment, scratch)
+            total = data_file.stat().st_size
+            with data_file.open("rb") as source:
+                first = True
+                while chunk := await asyncio.to_thread(source.read, SNAPSHOT_CHUNK):
+                    if first:
+                        yield replication_pb2.SnapshotChunk(
+                            data=chunk, last_index=last, epoch=self.shard.epoch, total_bytes=total
+                        )
+                        first = False
+                    else:
+                        yield replication_pb2.SnapshotChunk(data=chunk)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def status(self) -> replication_pb2.ReplicaStatus:
+        epoch, _, last, applied = replica_log.replica_indexes(self.shard.environment)
+        roles = {
+            Role.LEADER: replication_pb2.REPLICA_ROLE_LEADER,
+            Role.PROMOTING: replication_pb2.REPLICA_ROLE_FOLLOWER,
+            Role.FOLLOWER: replication_pb2.REPLICA_ROLE_FOLLOWER,
+            Role.RECOVERING: replication_pb2.REPLICA_ROLE_RECOVERING,
+        }
+        return replication_pb2.ReplicaStatus(
+            queue=self.shard.queue.config.name,
+            shard=self.shard.index,
+            role=roles[self.role],
+            epoch=max(epoch, self.shard.epoch),
+            last_index=last,
+            commit_index=self.commit_index,
+            applied_index=applied,
+            isr=sorted(self.isr) if self.role is Role.LEADER else [],
+            load=self.shard.load_per_second(),
+            messages=self.shard.message_count(),
+        )
+
+
+_OUTCOMES = {
+    replica_log.AppendResult.OK: replication_pb2.APPEND_OUTCOME_OK,
+    replica_log.AppendResult.STALE_EPOCH: replication_pb2.APPEND_OUTCOME_STALE_EPOCH,
+    replica_log.AppendResult.MISMATCH: replication_pb2.APPEND_OUTCOME_MISMATCH,
+    replica_log.AppendResult.NEEDS_SNAPSHOT: replication_pb2.APPEND_OUTCOME_NEEDS_SNAPSHOT,
+}
