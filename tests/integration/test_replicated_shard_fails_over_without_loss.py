@@ -1,0 +1,217 @@
+"""Three real servers replicate a queue; its leader is SIGKILLed and its lease taken
+over by an in-sync follower (as the supervisor or operator would): nothing
+acknowledged is lost, nothing deleted comes back, and the fenced epoch's
+replication requests, like a non-peer's, are refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from shard_server.leases.fencing import build_takeover, is_expired, isr_of
+from shard_server.leases.store import ISR_ANNOTATION, LeaseRecord
+from shard_server.storage.lease_store import LocalLeaseStore
+from shardq import Client, Message
+from shardq.api.v1 import replication_pb2, replication_pb2_grpc
+from tests.integration.harness import free_port, wait_for
+
+LEASE_MS = 1_500
+SERVERS = ("s1", "s2", "s3")
+PLACEMENT = [["s1", "s2", "s3"], ["s2", "s3", "s1"]]
+
+
+class Cluster:
+    def __init__(self, root: pathlib.Path) -> None:
+        self.root = root
+        self.ports = {server: free_port() for server in SERVERS}
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.cluster_file = root / "cluster.json"
+        self.cluster_file.write_text(
+            json.dumps(
+                {
+                    "servers": {s: {"address": self.endpoint(s)} for s in SERVERS},
+                    "queues": [{"name": "orders", "spec": {"shards": 2, "replicas": 3}}],
+                    "placement": {"orders": PLACEMENT},
+                    "lease_duration_ms": LEASE_MS,
+                }
+            )
+        )
+        self.leases = LocalLeaseStore(root / "leases.lmdb")
+        now = int(time.time() * 1000)
+        for shard, replicas in enumerate(PLACEMENT):
+            self.leases.create(
+                LeaseRecord(
+                    name=f"orders.{shard}",
+                    holder=replicas[0],
+                    acquire_time_ms=now,
+                    renew_time_ms=now,
+                    duration_ms=LEASE_MS,
+                    transitions=1,
+                    annotations={ISR_ANNOTATION: ",".join(sorted(replicas))},
+                )
+            )
+
+    def endpoint(self, server: str) -> str:
+        return f"127.0.0.1:{self.ports[server]}"
+
+    def start(self, server: str) -> None:
+        log = (self.root / f"{server}.log").open("ab")
+        command = [
+            sys.executable, "-m", "shardq", "serve",
+            "--cluster-file", str(self.cluster_file), "--server-id", server,
+            "--lease-store", str(self.root / "leases.lmdb"), "--data-dir", str(self.root / server),
+            "--port", str(self.ports[server]), "--log-format", "text",
+        ]  # fmt: skip
+        self.processes[server] = subprocess.Popen(command, stdout=log, stderr=log)
+        log.close()
+
+    def kill(self, server: str) -> None:
+        process = self.processes.pop(server)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=10)
+
+    def stop_all(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait()
+        self.leases.close()
+
+    def leader_of(self, shard: int) -> LeaseRecord:
+        lease = self.leases.get(f"orders.{shard}")
+        assert lease is not None
+        return lease
+
+
+@pytest.fixture
+def cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
+    cluster = Cluster(tmp_path)
+    try:
+        for server in SERVERS:
+            cluster.start(server)
+        yield cluster
+    finally:
+        cluster.stop_all()
+
+
+def send_until_accepted(client: Client, bodies: list[bytes], *, shard_hint: str) -> list[str]:
+    """Send through any server, retrying while leadership settles; returns acknowledged ids."""
+
+    def attempt() -> list[str] | None:
+        try:
+            results = client.send_messages("orders", [Message(body) for body in bodies])
+        except Exception:  # noqa: BLE001 - the cluster is electing; retry until the deadline
+            return None
+        if all(result.ok for result in results):
+            return [result.message_id for result in results]
+        return None
+
+    return wait_for(attempt, timeout=30, interval=0.2, what=f"sends accepted ({shard_hint})")
+
+
+def drain(client: Client) -> dict[bytes, str]:
+    seen: dict[bytes, str] = {}
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        messages = client.receive_messages("orders", max_messages=100, wait_time_ms=500)
+        if not messages:
+            attributes = client.attributes("orders")
+            if attributes.visible + attributes.in_flight + attributes.delayed == 0:
+                return seen
+            continue
+        for message in messages:
+            seen[message.body] = message.message_id
+        client.delete_messages("orders", [m.receipt for m in messages])
+    raise AssertionError("the queue did not drain in time")
+
+
+@pytest.mark.timeout(120)
+def test_replicated_shard_fails_over_without_loss(cluster: Cluster) -> None:
+    with Client(cluster.endpoint("s3")) as client:
+        first = [f"before-{i}".encode() for i in range(60)]
+        for start in range(0, len(first), 10):  # batches spread round-robin over both shards
+            send_until_accepted(client, first[start : start + 10], shard_hint="startup")
+        received = client.receive_messages("orders", max_messages=15, wait_time_ms=2_000)
+        assert received, "nothing was received before the failover"
+        deleted = {m.body for m in received if all(r.ok for r in client.delete_messages("orders", [m.receipt]))}
+        assert deleted, "no delete was acknowledged"
+
+    old = cluster.leader_of(0)
+    assert old.holder == "s1"
+    cluster.kill("s1")
+    def expired_lease() -> LeaseRecord | None:
+        lease = cluster.leader_of(0)
+        return lease if is_expired(lease, int(time.time() * 1000)) else None
+
+    expired = wait_for(expired_lease, timeout=10, what="the dead leader's lease to expire")
+    candidate = sorted(isr_of(expired) - {"s1"})[0]
+    cluster.leases.update(
+        build_takeover(expired, new_holder=candidate, now_ms=int(time.time() * 1000), duration_ms=LEASE_MS)
+    )
+
+    with Client(cluster.endpoint("s2")) as client:
+        after = [f"after-{i}".encode() for i in range(20)]
+        for start in range(0, len(after), 10):
+            send_until_accepted(client, after[start : start + 10], shard_hint="after failover")
+        routes = client.describe("orders")
+        assert routes[0].leader_address == cluster.endpoint(candidate)
+        assert routes[0].epoch == old.transitions + 1
+        stored = drain(client)
+
+    expected = (set(first) - deleted) | set(after)
+    assert set(stored) == expected, (
+        f"lost {sorted(expected - set(stored))[:5]}, resurrected {sorted(set(stored) - expected)[:5]}"
+    )
+
+
+@pytest.mark.timeout(60)
+def test_replication_requests_from_non_peers_or_fenced_epochs_are_refused(cluster: Cluster) -> None:
+    with Client(cluster.endpoint("s1")) as client:
+        send_until_accepted(client, [b"x"], shard_hint="startup")
+    channel = grpc.insecure_channel(cluster.endpoint("s2"))
+    stub = replication_pb2_grpc.ReplicationServiceStub(channel)
+    try:
+        forged = stub.Append(
+            replication_pb2.AppendRequest(queue="orders", shard=0, epoch=99, leader_id="intruder", commit_index=1),
+            timeout=5,
+        )
+        assert forged.outcome == replication_pb2.APPEND_OUTCOME_REFUSED
+        # A peer that is a replica but not the lease holder at that epoch.
+        impostor = stub.Append(
+            replication_pb2.AppendRequest(queue="orders", shard=0, epoch=1, leader_id="s3", commit_index=1),
+            timeout=5,
+        )
+        assert impostor.outcome == replication_pb2.APPEND_OUTCOME_REFUSED
+        # Epoch 2 is taken over by s3; a replay of s1's epoch-1 traffic is then fenced.
+        lease = cluster.leader_of(0)
+        cluster.leases.update(
+            build_takeover(lease, new_holder="s3", now_ms=int(time.time() * 1000), duration_ms=LEASE_MS)
+        )
+
+        def raised_to_epoch_2() -> bool | None:
+            status = stub.GetReplicaStatus(replication_pb2.GetReplicaStatusRequest(), timeout=5)
+            return next((True for r in status.replicas if r.shard == 0 and r.epoch >= 2), None)
+
+        wait_for(raised_to_epoch_2, timeout=15, what="the follower to see epoch 2")
+        replay = stub.Append(
+            replication_pb2.AppendRequest(queue="orders", shard=0, epoch=1, leader_id="s1", commit_index=1),
+            timeout=5,
+        )
+        assert replay.outcome == replication_pb2.APPEND_OUTCOME_STALE_EPOCH
+        assert replay.epoch >= 2
+    finally:
+        channel.close()
