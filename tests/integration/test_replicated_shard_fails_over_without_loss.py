@@ -20,7 +20,7 @@ import pytest
 from shard_server.leases.fencing import build_takeover, is_expired, isr_of
 from shard_server.leases.store import ISR_ANNOTATION, LeaseRecord
 from shard_server.storage.lease_store import LocalLeaseStore
-from shardq import Client, Message
+from shardq import Client, Message, ShardqError
 from shardq.api.v1 import replication_pb2, replication_pb2_grpc
 from tests.integration.harness import free_port, wait_for
 
@@ -114,7 +114,7 @@ def send_until_accepted(client: Client, bodies: list[bytes], *, shard_hint: str)
     def attempt() -> list[str] | None:
         try:
             results = client.send_messages("orders", [Message(body) for body in bodies])
-        except Exception:  # noqa: BLE001 - the cluster is electing; retry until the deadline
+        except ShardqError:  # the cluster is electing: retry until the deadline
             return None
         if all(result.ok for result in results):
             return [result.message_id for result in results]
