@@ -11,15 +11,18 @@ everything else.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import grpc
 
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.coalescing import Coalescer
-from shardq.errors import ShardqError, Unavailable
+from shardq.errors import NotLeader, ShardqError, Unavailable
+from shardq.receipts import MalformedReceipt, decode_receipt
+from shardq.routing import choose_shard
 from shardq.status import error_from_rpc, error_from_stream
 from shardq.types import (
     EntryResult,
@@ -145,15 +148,40 @@ class ProducerStream:
         self._call.cancel()
 
 
-class AsyncClient:
-    """asyncio client for one shardq endpoint. Use `async with AsyncClient(...)`."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class _QueueRoutes:
+    shards: int
+    fifo: bool
+    # Per shard, the leader's address ("" while unknown).
+    leaders: list[str]
 
-    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, channel: grpc.aio.Channel | None = None) -> None:
+
+class AsyncClient:
+    """asyncio client for a shardq server or cluster. Use `async with AsyncClient(...)`.
+
+    `endpoint` is any server. With `route_directly` (the default) the client
+    learns each queue's shard map (DescribeQueue) and sends unary calls straight
+    to shard leaders, refreshing the map on NOT_LEADER or an unreachable
+    leader; otherwise, and for the streams, the endpoint forwards as needed.
+    """
+
+    def __init__(
+        self,
+        endpoint: str = DEFAULT_ENDPOINT,
+        *,
+        channel: grpc.aio.Channel | None = None,
+        route_directly: bool = True,
+    ) -> None:
         self.endpoint = endpoint
         self._channel = channel or grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
         self._stub = queue_pb2_grpc.QueueServiceStub(self._channel)
         self._producer: ProducerStream | None = None
         self._batchers: dict[str, Coalescer[Message, SendResult]] = {}
+        self._route_directly = route_directly
+        self._routes: dict[str, _QueueRoutes] = {}
+        self._leader_channels: dict[str, grpc.aio.Channel] = {}
+        self._leader_stubs: dict[str, queue_pb2_grpc.QueueServiceAsyncStub] = {}
+        self._round_robin = itertools.count()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -165,7 +193,81 @@ class AsyncClient:
         if self._producer is not None:
             await self._producer.close()
             self._producer = None
+        for channel in self._leader_channels.values():
+            await channel.close()
         await self._channel.close()
+
+    # -- routing ---------------------------------------------------------------------
+    async def _routes_for(self, queue: str) -> _QueueRoutes | None:
+        """The queue's shard map when calls should go to several leaders, else None."""
+        if not self._route_directly:
+            return None
+        routes = self._routes.get(queue)
+        if routes is None:
+            description = await self._unary(
+                self._stub.DescribeQueue, queue_pb2.DescribeQueueRequest(queue=queue), queue=queue
+            )
+            routes = _QueueRoutes(
+                shards=description.config.shards or len(description.shards),
+                fifo=description.config.fifo,
+                leaders=[route.leader_address for route in sorted(description.shards, key=lambda r: r.shard)],
+            )
+            self._routes[queue] = routes
+        if len(set(routes.leaders)) <= 1:
+            return None  # one server leads everything: the endpoint is as good as any
+        return routes
+
+    def _leader_stub(self, address: str) -> Any:
+        if not address or address == self.endpoint:
+            return self._stub
+        stub = self._leader_stubs.get(address)
+        if stub is None:
+            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            self._leader_channels[address] = channel
+            stub = self._leader_stubs[address] = queue_pb2_grpc.QueueServiceStub(channel)
+        return stub
+
+    def _forget_routes(self, queue: str) -> None:
+        self._routes.pop(queue, None)
+
+    async def _routed(self, queue: str, address: str, method: str, request: Any, *, timeout: float = 30) -> Any:
+        """Call a leader directly; on NOT_LEADER or an unreachable leader, refresh the
+        map and let the endpoint (which forwards) answer instead."""
+        try:
+            return await self._unary(getattr(self._leader_stub(address), method), request, queue=queue, timeout=timeout)
+        except (NotLeader, Unavailable):
+            self._forget_routes(queue)
+            return await self._unary(getattr(self._stub, method), request, queue=queue, timeout=timeout)
+
+    def _addresses_of_receipts(self, routes: _QueueRoutes, receipts: Sequence[str]) -> list[str]:
+        addresses = []
+        for receipt in receipts:
+            try:
+                shard = decode_receipt(receipt).shard
+            except MalformedReceipt:
+                shard = -1  # the endpoint answers MALFORMED_RECEIPT for it
+            addresses.append(routes.leaders[shard] if 0 <= shard < len(routes.leaders) else "")
+        return addresses
+
+    async def _per_leader(
+        self,
+        queue: str,
+        items: Sequence[Any],
+        addresses: list[str],
+        call: Callable[[str, list[Any]], Awaitable[list[Any]]],
+    ) -> list[Any]:
+        """Run `call(address, items)` once per leader address; results back in item order."""
+        groups: dict[str, list[int]] = {}
+        for position, address in enumerate(addresses):
+            groups.setdefault(address, []).append(position)
+        results: list[Any] = [None] * len(items)
+
+        async def run(address: str, positions: list[int]) -> None:
+            for position, result in zip(positions, await call(address, [items[p] for p in positions]), strict=True):
+                results[position] = result
+
+        await asyncio.gather(*(run(address, positions) for address, positions in groups.items()))
+        return results
 
     @property
     def stub(self) -> queue_pb2_grpc.QueueServiceStub:
@@ -179,10 +281,37 @@ class AsyncClient:
 
     # -- sending -------------------------------------------------------------------
     async def send_messages(self, queue: str, messages: Sequence[Message]) -> list[SendResult]:
-        """One SendMessages call; per-message results (some may carry an error)."""
-        request = queue_pb2.SendMessagesRequest(queue=queue, messages=[message_to_proto(m) for m in messages])
-        response = await self._unary(self._stub.SendMessages, request, queue=queue)
-        return send_results_from_proto(response)
+        """Send a batch; per-message results (some may carry an error).
+
+        Against a cluster, each shard's part goes straight to its leader.
+        """
+        routes = await self._routes_for(queue)
+        if routes is None:
+            request = queue_pb2.SendMessagesRequest(queue=queue, messages=[message_to_proto(m) for m in messages])
+            return send_results_from_proto(await self._unary(self._stub.SendMessages, request, queue=queue))
+        turn = next(self._round_robin)
+        by_shard: dict[int, list[int]] = {}
+        for position, message in enumerate(messages):
+            shard = choose_shard(
+                shards=routes.shards,
+                fifo=routes.fifo,
+                group_id=message.group_id,
+                dedup_id=message.dedup_id,
+                round_robin=turn,
+            )
+            by_shard.setdefault(shard, []).append(position)
+        results: list[SendResult | None] = [None] * len(messages)
+
+        async def send_shard(shard: int, positions: list[int]) -> None:
+            request = queue_pb2.SendMessagesRequest(
+                queue=queue, shard=shard, messages=[message_to_proto(messages[p]) for p in positions]
+            )
+            response = await self._routed(queue, routes.leaders[shard], "SendMessages", request)
+            for position, result in zip(positions, send_results_from_proto(response), strict=True):
+                results[position] = result
+
+        await asyncio.gather(*(send_shard(shard, positions) for shard, positions in by_shard.items()))
+        return [result for result in results if result is not None]
 
     async def send_messages_streamed(self, queue: str, messages: Sequence[Message]) -> list[SendResult]:
         """Like send_messages, over the shared producer stream: concurrent calls to
@@ -241,26 +370,53 @@ class AsyncClient:
             request.visibility_timeout_ms = visibility_timeout_ms
         # The deadline leaves room for the server's long poll to end first.
         timeout = wait_time_ms / 1000 + 30
-        response = await self._unary(self._stub.ReceiveMessages, request, queue=queue, timeout=timeout)
+        routes = await self._routes_for(queue)
+        if routes is None:
+            response = await self._unary(self._stub.ReceiveMessages, request, queue=queue, timeout=timeout)
+        else:
+            # Each leader serves its own shards first and asks the others when empty:
+            # rotating over leaders spreads receivers without starving any shard.
+            leaders = sorted(set(routes.leaders) - {""})
+            address = leaders[next(self._round_robin) % len(leaders)]
+            response = await self._routed(queue, address, "ReceiveMessages", request, timeout=timeout)
         return received_from_proto(response)
 
     async def delete_messages(self, queue: str, receipts: Sequence[str]) -> list[EntryResult]:
-        request = queue_pb2.DeleteMessagesRequest(queue=queue, receipts=receipts)
-        response = await self._unary(self._stub.DeleteMessages, request, queue=queue)
-        return entry_results_from_proto(response.results)
+        async def call(address: str, chunk: list[str]) -> list[EntryResult]:
+            request = queue_pb2.DeleteMessagesRequest(queue=queue, receipts=chunk)
+            return entry_results_from_proto((await self._routed(queue, address, "DeleteMessages", request)).results)
+
+        return await self._by_receipt(queue, receipts, list(receipts), call)
 
     async def change_visibility(self, queue: str, changes: Sequence[tuple[str, int]]) -> list[EntryResult]:
-        request = queue_pb2.ChangeVisibilityRequest(
-            queue=queue,
-            changes=[queue_pb2.VisibilityChange(receipt=r, visibility_timeout_ms=t) for r, t in changes],
-        )
-        response = await self._unary(self._stub.ChangeVisibility, request, queue=queue)
-        return entry_results_from_proto(response.results)
+        async def call(address: str, chunk: list[tuple[str, int]]) -> list[EntryResult]:
+            request = queue_pb2.ChangeVisibilityRequest(
+                queue=queue,
+                changes=[queue_pb2.VisibilityChange(receipt=r, visibility_timeout_ms=t) for r, t in chunk],
+            )
+            return entry_results_from_proto((await self._routed(queue, address, "ChangeVisibility", request)).results)
+
+        return await self._by_receipt(queue, [r for r, _ in changes], list(changes), call)
 
     async def release_messages(self, queue: str, receipts: Sequence[str]) -> list[EntryResult]:
-        request = queue_pb2.ReleaseMessagesRequest(queue=queue, receipts=receipts)
-        response = await self._unary(self._stub.ReleaseMessages, request, queue=queue)
-        return entry_results_from_proto(response.results)
+        async def call(address: str, chunk: list[str]) -> list[EntryResult]:
+            request = queue_pb2.ReleaseMessagesRequest(queue=queue, receipts=chunk)
+            return entry_results_from_proto((await self._routed(queue, address, "ReleaseMessages", request)).results)
+
+        return await self._by_receipt(queue, receipts, list(receipts), call)
+
+    async def _by_receipt(
+        self,
+        queue: str,
+        receipts: Sequence[str],
+        items: list[Any],
+        call: Callable[[str, list[Any]], Awaitable[list[EntryResult]]],
+    ) -> list[EntryResult]:
+        """Send each receipt's item to the leader of the receipt's shard."""
+        routes = await self._routes_for(queue)
+        if routes is None or not items:
+            return await call("", items)  # the endpoint validates and answers (even an empty batch)
+        return await self._per_leader(queue, items, self._addresses_of_receipts(routes, receipts), call)
 
     def consume(
         self, queue: str, *, credits: int = 100, visibility_timeout_ms: int | None = None, max_batch: int = 100
