@@ -1,14 +1,20 @@
-"""`shardq demo`: a local server, a producer and a consumer, with a live status line.
+"""`shardq demo`: a replicated local cluster, a producer and a consumer, with a live
+status line, and a server SIGKILLed part-way through.
 
-Everything it starts runs on 127.0.0.1 and is stopped by PID when the demo ends
-(after --duration, or on Ctrl-C). One message in twenty makes the handler fail,
-so retries with backoff and, after three receives, the dead-letter queue show up.
+It runs `shardq local up` (three servers, every shard on all three), sends and
+consumes through a server it will not kill, then kills the leader of shard 0:
+the supervisor fails its shards over to in-sync followers and restarts it,
+while the producer and consumer keep going. One message in twenty makes the
+handler fail, so retries with backoff and the dead-letter queue show up too.
+Everything runs on 127.0.0.1 and is stopped by PID at the end (after
+--duration, or on Ctrl-C).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import pathlib
@@ -21,6 +27,7 @@ import time
 
 import click
 
+from shard_server.storage.lease_store import LocalLeaseStore
 from shardq.aio import AsyncClient
 from shardq.consumer import ConsumerStats, run_consumer
 from shardq.durations import parse_duration_ms
@@ -29,61 +36,126 @@ from shardq.types import ReceivedMessage
 
 QUEUE = "demo"
 DLQ = "demo-dlq"
-READY_TIMEOUT_S = 30
-DEMO_REDRIVE = f"dead_letter_queue={DLQ},max_receive_count=3"
+SERVERS = 3
+READY_TIMEOUT_S = 60
+# Sends in flight at once: the rate holds even while one is waiting out a failover.
+PRODUCER_WINDOW = 64
+QUEUE_SPEC = (
+    f"{QUEUE}:shards=4,replicas=3,visibility=5s,dead_letter_queue={DLQ},max_receive_count=3,nack_backoff_base=200ms"
+)
 
 
-def _free_port() -> int:
+def _free_base_port() -> int:
+    """A port p with p..p+SERVERS-1 and their metrics ports (p+2000...) all free."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = int(probe.getsockname()[1])
+        if base + 2000 + SERVERS >= 65535:
+            continue
+        if all(_is_free(base + offset) and _is_free(base + 2000 + offset) for offset in range(SERVERS)):
+            return base
+    raise click.ClickException("found no free ports on 127.0.0.1")
+
+
+def _is_free(port: int) -> bool:
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
-def _start_server(
-    data_dir: pathlib.Path, port: int, metrics_port: int, log_path: pathlib.Path
-) -> subprocess.Popen[bytes]:
-    command = [
-        sys.executable, "-m", "shardq", "serve",
-        "--data-dir", str(data_dir), "--port", str(port), "--metrics-port", str(metrics_port),
-        "--queue", f"{QUEUE}:shards=4,visibility=5s,{DEMO_REDRIVE},nack_backoff_base=200ms",
-        "--queue", DLQ, "--log-format", "text",
-    ]  # fmt: skip
-    with log_path.open("ab") as log_file:
-        return subprocess.Popen(command, stdout=log_file, stderr=log_file)
+def _status(data_dir: pathlib.Path) -> dict[str, object] | None:
+    done = subprocess.run(
+        [sys.executable, "-m", "shardq", "local", "status", "--data-dir", str(data_dir), "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+    if done.returncode != 0:
+        return None
+    status: dict[str, object] = json.loads(done.stdout)
+    return status
 
 
-async def _wait_ready(client: AsyncClient, server: subprocess.Popen[bytes]) -> None:
+async def _wait_ready(data_dir: pathlib.Path, supervisor: subprocess.Popen[bytes]) -> dict[str, object]:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise click.ClickException(f"the server exited with code {server.returncode}")
-        with contextlib.suppress(ShardqError):
-            await client.list_queues()
-            return
-        await asyncio.sleep(0.1)
-    raise click.ClickException("the server did not become ready in time")
+        if supervisor.poll() is not None:
+            raise click.ClickException(f"`shardq local up` exited with code {supervisor.returncode}")
+        status = await asyncio.to_thread(_status, data_dir)
+        servers = status.get("servers", []) if status else []
+        if isinstance(servers, list) and len(servers) == SERVERS and all(s.get("answering") for s in servers):
+            assert status is not None
+            return status
+        await asyncio.sleep(0.3)
+    raise click.ClickException("the cluster did not become ready in time")
 
 
-async def _run_demo(endpoint: str, server: subprocess.Popen[bytes], duration_s: float, rate: float) -> None:
+def _leaders(leases: LocalLeaseStore) -> str:
+    return " ".join(
+        f"{lease.name.split('.')[-1]}:{lease.holder}@{lease.transitions}" for lease in leases.list(f"{QUEUE}.")
+    )
+
+
+async def _run_demo(
+    data_dir: pathlib.Path, supervisor: subprocess.Popen[bytes], duration_s: float, rate: float
+) -> None:
+    status = await _wait_ready(data_dir, supervisor)
+    servers = {str(s["server_id"]): s for s in status["servers"]}  # type: ignore[attr-defined]
+    shards = {str(s["lease"]): s for s in status["shards"]}  # type: ignore[attr-defined]
+    victim = str(shards[f"{QUEUE}.0"]["leader"])
+    survivor = next(server for server in sorted(servers) if server != victim)
+    endpoint = str(servers[survivor]["endpoint"])
+    click.echo(f"clients use {survivor} ({endpoint}); {victim} leads shard 0 and will be killed", err=True)
+    leases = LocalLeaseStore(data_dir / "leases.lmdb")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    sent = retries = 0
+    latencies: list[float] = []
+    consumer_stats = ConsumerStats()
+
     async with AsyncClient(endpoint) as client:
-        await _wait_ready(client, server)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
-        sent = 0
-        latencies: list[float] = []
 
         async def produce() -> None:
-            nonlocal sent
+            nonlocal sent, retries
+            window = asyncio.Semaphore(PRODUCER_WINDOW)
             started = time.monotonic()
+            issued = 0
+
+            async def send_one(number: int) -> None:
+                nonlocal sent, retries
+                body = f"order {number} at {time.time():.3f}".encode()
+                try:
+                    while not stop.is_set():
+                        try:
+                            await client.send(QUEUE, body, attributes={"n": str(number)})
+                        except ShardqError:
+                            retries += 1  # failing over: send it again shortly
+                            await asyncio.sleep(0.2)
+                            continue
+                        sent += 1
+                        return
+                finally:
+                    window.release()
+
+            in_flight: set[asyncio.Task[None]] = set()
             while not stop.is_set() and time.monotonic() - started < duration_s:
-                body = f"order {sent} at {time.time():.3f}".encode()
-                await client.send(QUEUE, body, attributes={"n": str(sent)})
-                sent += 1
-                ahead = sent / rate - (time.monotonic() - started)
+                await window.acquire()
+                task = asyncio.create_task(send_one(issued))
+                in_flight.add(task)
+                task.add_done_callback(in_flight.discard)
+                issued += 1
+                ahead = issued / rate - (time.monotonic() - started)
                 if ahead > 0:
                     await asyncio.sleep(ahead)
+            if in_flight:
+                await asyncio.wait(set(in_flight), timeout=10)
             stop.set()
 
         async def handle(message: ReceivedMessage) -> None:
@@ -91,31 +163,50 @@ async def _run_demo(endpoint: str, server: subprocess.Popen[bytes], duration_s: 
                 raise RuntimeError("simulated handler failure")
             latencies.append(time.time() * 1000 - message.sent_at_ms)
 
+        async def consume() -> None:
+            while not stop.is_set():
+                try:
+                    await run_consumer(
+                        client, QUEUE, handle, concurrency=64, stop=stop, handle_signals=False, stats=consumer_stats
+                    )
+                except ShardqError:
+                    await asyncio.sleep(0.2)  # the stream broke during a failover: open a new one
+
+        async def kill_a_leader() -> None:
+            await asyncio.sleep(duration_s / 3)
+            pid = int(servers[victim]["pid"])
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                click.echo(f"*** SIGKILLed {victim} (pid {pid}); the supervisor fails its shards over", err=True)
+
         async def report() -> None:
             while not stop.is_set():
                 await asyncio.sleep(1)
-                stats = await client.attributes(QUEUE)
-                dead = await client.attributes(DLQ)
+                try:
+                    stats = await client.attributes(QUEUE)
+                    dead = await client.attributes(DLQ)
+                except ShardqError:
+                    continue
                 recent = sorted(latencies[-500:])
                 p50 = recent[len(recent) // 2] if recent else 0.0
+                leaders = await asyncio.to_thread(_leaders, leases)
                 click.echo(
                     f"sent {sent:>6}  handled {consumer_stats.handled:>6}  failed {consumer_stats.failed:>4}  "
-                    f"visible {stats.visible:>4}  in-flight {stats.in_flight:>3}  delayed {stats.delayed:>3}  "
-                    f"dead-lettered {dead.visible:>3}  end-to-end p50 {p50:6.1f} ms",
+                    f"visible {stats.visible:>4}  in-flight {stats.in_flight:>3}  dead-lettered {dead.visible:>3}  "
+                    f"p50 {p50:6.1f} ms  leaders {leaders}",
                     err=True,
                 )
 
-        consumer_stats = ConsumerStats()
-
-        async def consume() -> None:
-            await run_consumer(
-                client, QUEUE, handle, concurrency=16, stop=stop, handle_signals=False, stats=consumer_stats
-            )
-
         reporter = asyncio.create_task(report())
+        killer = asyncio.create_task(kill_a_leader())
         await asyncio.gather(produce(), consume())
         reporter.cancel()
-        click.echo(f"done: sent {sent}, handled {consumer_stats.handled}, failed attempts {consumer_stats.failed}")
+        killer.cancel()
+        click.echo(
+            f"done: sent {sent}, handled {consumer_stats.handled}, failed attempts {consumer_stats.failed}, "
+            f"sends retried during failover {retries}"
+        )
+    leases.close()
 
 
 @click.command("demo")
@@ -123,27 +214,28 @@ async def _run_demo(endpoint: str, server: subprocess.Popen[bytes], duration_s: 
 @click.option("--rate", default=200.0, show_default=True, help="messages per second")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=pathlib.Path), default=None)
 def demo_command(duration: str, rate: float, data_dir: pathlib.Path | None) -> None:
-    """Run a local server with a producer and a consumer you can watch."""
+    """A replicated local cluster with a producer and a consumer; one server is killed midway."""
     duration_s = parse_duration_ms(duration) / 1000
     # The simulated failures are the point of the demo; their warnings are not.
     logging.getLogger("shardq.consumer").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="shardq-demo-") as scratch:
-        directory = data_dir or pathlib.Path(scratch) / "data"
-        port, metrics_port = _free_port(), _free_port()
-        log_path = pathlib.Path(scratch) / "server.log"
-        server = _start_server(directory, port, metrics_port, log_path)
-        click.echo(
-            f"server pid {server.pid} on 127.0.0.1:{port}; metrics http://127.0.0.1:{metrics_port}/metrics; "
-            f"log {log_path}",
-            err=True,
-        )
+        directory = data_dir or pathlib.Path(scratch) / "cluster"
+        log_path = pathlib.Path(scratch) / "supervisor.log"
+        command = [
+            sys.executable, "-m", "shardq", "local", "up", "--data-dir", str(directory),
+            "--servers", str(SERVERS), "--base-port", str(_free_base_port()),
+            "--queue", QUEUE_SPEC, "--queue", f"{DLQ}:replicas=3",
+        ]  # fmt: skip
+        with log_path.open("ab") as log_file:
+            supervisor = subprocess.Popen(command, stdout=log_file, stderr=log_file)
+        click.echo(f"supervisor pid {supervisor.pid}; cluster in {directory}; log {log_path}", err=True)
         try:
-            asyncio.run(_run_demo(f"127.0.0.1:{port}", server, duration_s, rate))
+            asyncio.run(_run_demo(directory, supervisor, duration_s, rate))
         finally:
-            if server.poll() is None:
-                os.kill(server.pid, signal.SIGTERM)
+            if supervisor.poll() is None:
+                supervisor.send_signal(signal.SIGTERM)
                 try:
-                    server.wait(timeout=10)
+                    supervisor.wait(timeout=30)
                 except subprocess.TimeoutExpired:
-                    server.kill()
-                    server.wait()
+                    supervisor.kill()
+                    supervisor.wait()

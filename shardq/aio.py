@@ -44,6 +44,8 @@ CHANNEL_OPTIONS = [
 # batches per queue may be in flight before new sends wait to join the next.
 MAX_AUTO_BATCH = 500
 MAX_BATCHES_IN_FLIGHT = 8
+# Every unary call has a deadline: a paused or partitioned server must not hang callers.
+DEFAULT_CALL_TIMEOUT_S = 30.0
 MAX_ACK_BATCH = 1000
 MAX_ACKS_IN_FLIGHT = 4
 
@@ -273,7 +275,9 @@ class AsyncClient:
     def stub(self) -> queue_pb2_grpc.QueueServiceStub:
         return self._stub
 
-    async def _unary(self, method: Any, request: Any, *, queue: str = "", timeout: float | None = None) -> Any:
+    async def _unary(
+        self, method: Any, request: Any, *, queue: str = "", timeout: float = DEFAULT_CALL_TIMEOUT_S
+    ) -> Any:
         try:
             return await method(request, timeout=timeout)
         except grpc.RpcError as error:

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from shardq.aio import AsyncClient
 from shardq.errors import ShardqError
-from shardq.types import ReceivedMessage
+from shardq.types import EntryResult, ReceivedMessage
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,20 @@ async def _heartbeat(client: AsyncClient, queue: str, receipt: str, visibility_m
             log.warning("heartbeat refused (%s): the message may be handled twice", result.reason)
             return
         stats.heartbeats += 1
+
+
+async def _acknowledge(
+    act: Callable[[list[str]], Awaitable[list[EntryResult]]], message: ReceivedMessage, what: str
+) -> bool:
+    """Delete or release; a failure only means the message is delivered again later."""
+    try:
+        (result,) = await act([message.receipt])
+    except ShardqError as error:
+        log.warning("%s of %s failed (%s); it will be delivered again", what, message.message_id, error)
+        return False
+    if not result.ok:
+        log.warning("%s of %s refused: %s", what, message.message_id, result.reason)
+    return result.ok
 
 
 async def _next(messages: AsyncIterator[ReceivedMessage]) -> ReceivedMessage:
@@ -94,14 +108,11 @@ async def run_consumer(
                 )
                 stats.failed += 1
                 beat.cancel()
-                await stream.release([message.receipt])
+                await _acknowledge(stream.release, message, "release")
             else:
                 beat.cancel()
-                (result,) = await stream.delete([message.receipt])
-                if result.ok:
+                if await _acknowledge(stream.delete, message, "delete"):
                     stats.handled += 1
-                else:
-                    log.warning("delete of %s refused: %s", message.message_id, result.reason)
             finally:
                 beat.cancel()
                 slots.release()

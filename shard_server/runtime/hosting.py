@@ -312,6 +312,15 @@ class HostedQueue:
         return [SendEntry(o.message_id, o.seq, shard.index, o.duplicate) for o in outcomes]
 
     async def _send_remote(self, index: int, batch: list[NewMessage]) -> list[SendEntry]:
+        try:
+            return await self._send_remote_once(index, batch)
+        except NotLeader:
+            # Leadership moved since the last route refresh: look again, once.
+            assert self.router is not None
+            await asyncio.to_thread(self.router.refresh)
+            return await self._send_remote_once(index, batch)
+
+    async def _send_remote_once(self, index: int, batch: list[NewMessage]) -> list[SendEntry]:
         assert self.router is not None
         leader, _ = self.router.leader_of(self.config.name, index)
         if not leader or leader == self.router.server_id:
