@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from shard_server.leases.store import ISR_ANNOTATION, LeaseRecord
+from shard_server.leases.store import INCARNATIONS_ANNOTATION, ISR_ANNOTATION, LeaseRecord
 
 _ISR_SEPARATOR = ","
 
@@ -83,6 +83,28 @@ def isr_of(record: LeaseRecord) -> frozenset[str]:
     """The in-sync replica set recorded on the lease; empty when none was recorded."""
     text = record.annotations.get(ISR_ANNOTATION, "")
     return frozenset(name for name in text.split(_ISR_SEPARATOR) if name)
+
+
+def incarnations_of(record: LeaseRecord) -> dict[str, str]:
+    """The data incarnation the ISR vouches for, per replica (empty when not recorded)."""
+    text = record.annotations.get(INCARNATIONS_ANNOTATION, "")
+    pairs = (item.partition("=") for item in text.split(_ISR_SEPARATOR) if item)
+    return {name: incarnation for name, _, incarnation in pairs if name and incarnation}
+
+
+def build_incarnations(record: LeaseRecord, incarnations: dict[str, str]) -> LeaseRecord:
+    """The lease recording which copy of each replica its ISR means."""
+    annotations = dict(record.annotations)
+    annotations[INCARNATIONS_ANNOTATION] = _ISR_SEPARATOR.join(f"{k}={v}" for k, v in sorted(incarnations.items()))
+    return dataclasses.replace(record, annotations=annotations)
+
+
+def build_abdication(record: LeaseRecord, *, leaving: str) -> LeaseRecord:
+    """The lease given up by a holder whose data the ISR does not vouch for: no holder,
+    and the holder out of the ISR, so the next takeover picks a replica that has the data."""
+    annotations = dict(record.annotations)
+    annotations[ISR_ANNOTATION] = _ISR_SEPARATOR.join(sorted(isr_of(record) - {leaving}))
+    return dataclasses.replace(record, holder="", annotations=annotations)
 
 
 def safe_serving_deadline_ms(renew_started_monotonic_ms: int, *, duration_ms: int, clock_skew_margin_ms: int) -> int:

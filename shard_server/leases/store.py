@@ -14,6 +14,10 @@ from typing import Protocol
 
 # The in-sync replica set, as comma-separated replica (server) names.
 ISR_ANNOTATION = "shardq.io/isr"
+# Which copy of each in-sync replica the ISR vouches for: `server=incarnation`,
+# comma-separated. A replica whose data was wiped and recreated has a new
+# incarnation, so the ISR's promise no longer covers it.
+INCARNATIONS_ANNOTATION = "shardq.io/incarnations"
 
 
 class LeaseConflict(Exception):

@@ -29,7 +29,15 @@ from typing import TYPE_CHECKING
 import grpc
 
 from shard_server.cluster import ClusterFile, lease_name
-from shard_server.leases.fencing import build_isr_change, build_renewal, isr_of, safe_serving_deadline_ms
+from shard_server.leases.fencing import (
+    build_abdication,
+    build_incarnations,
+    build_isr_change,
+    build_renewal,
+    incarnations_of,
+    isr_of,
+    safe_serving_deadline_ms,
+)
 from shard_server.leases.store import LeaseConflict, LeaseRecord, LeaseStore
 from shard_server.runtime.forwarding import PEER_CHANNEL_OPTIONS
 from shard_server.storage import replica_log
@@ -122,6 +130,10 @@ class ShardReplica:
         self._leader_tasks: list[asyncio.Task[None]] = []
         self._recovering: asyncio.Task[None] | None = None
         self._isr_changing = False
+        # Which copy of the data this replica holds, and (as leader) the followers'.
+        self.incarnation = shard.environment.incarnation()
+        self._incarnations: dict[str, str] = {server_id: self.incarnation}
+        self._recorded_incarnations: dict[str, str] = {}
 
     # -- what the rest of the server asks ------------------------------------------
     def is_serving(self) -> bool:
@@ -179,6 +191,19 @@ class ShardReplica:
             await self._become_leader(lease)
 
     async def _become_leader(self, lease: LeaseRecord) -> None:
+        vouched = incarnations_of(lease).get(self.server_id)
+        if vouched is not None and vouched != self.incarnation:
+            # The ISR vouched for another copy of this replica's data (it was wiped
+            # or rebuilt since): leading would lose what that copy had committed.
+            log.error(
+                "%s: refusing to lead: the ISR vouches for data incarnation %s, this replica holds %s",
+                self.name,
+                vouched,
+                self.incarnation,
+            )
+            with contextlib.suppress(LeaseConflict):
+                await asyncio.to_thread(self.leases.update, build_abdication(lease, leaving=self.server_id))
+            return
         self.role = Role.PROMOTING
         epoch = lease.transitions
         fifo = self.shard.queue.config.fifo
@@ -189,6 +214,8 @@ class ShardReplica:
         self.shard.epoch = epoch
         _, _, last, _ = replica_log.replica_indexes(environment)
         self.isr = isr_of(lease) or frozenset(self.replicas)
+        self._recorded_incarnations = incarnations_of(lease)
+        self._incarnations = {self.server_id: self.incarnation}
         self._match = dict.fromkeys(self.followers, 0)
         self._progress_at = {f: monotonic_ms() for f in self.followers}
         # Entries inherited from earlier epochs commit once the ISR holds them.
@@ -279,6 +306,13 @@ class ShardReplica:
                 await asyncio.sleep(HEARTBEAT_S)
                 continue
             outcome = response.outcome
+            if response.incarnation:
+                self._incarnations[follower] = response.incarnation
+            if outcome in (replication_pb2.APPEND_OUTCOME_MISMATCH, replication_pb2.APPEND_OUTCOME_NEEDS_SNAPSHOT):
+                # It holds less than we believed (restarted empty, or cut a tail): an
+                # ISR member must hold every committed entry, so this is checked now.
+                self._match[follower] = min(self._match.get(follower, 0), response.last_index)
+                self._check_isr()
             if outcome == replication_pb2.APPEND_OUTCOME_OK:
                 matched = prev_index + len(entries)
                 if matched > self._match.get(follower, 0) or matched >= last:
@@ -301,33 +335,40 @@ class ShardReplica:
                 next_index = self.shard.last_written_index + 1
 
     def _check_isr(self) -> None:
-        """Drop a lagging follower (or re-admit a caught-up one) by CAS on the lease."""
+        """Drop a follower that lacks committed entries or lags, re-admit a caught-up one,
+        and keep the recorded data incarnations current: all by CAS on the lease."""
         if self.role is not Role.LEADER or self._isr_changing:
             return
         now = monotonic_ms()
         last = self.shard.last_written_index
         wanted = set(self.isr)
         for follower in self.followers:
-            caught_up = self._match.get(follower, 0) >= last
-            if follower in wanted and not caught_up and now - self._progress_at.get(follower, now) > ISR_LAG_MS:
+            match = self._match.get(follower, 0)
+            caught_up = match >= last and follower in self._incarnations
+            lagging = not caught_up and now - self._progress_at.get(follower, now) > ISR_LAG_MS
+            if follower in wanted and (match < self.commit_index or lagging):
                 wanted.discard(follower)
             elif follower not in wanted and caught_up:
                 wanted.add(follower)
         wanted.add(self.server_id)
-        if wanted != set(self.isr):
+        incarnations = {member: self._incarnations[member] for member in wanted if member in self._incarnations}
+        if wanted != set(self.isr) or incarnations != self._recorded_incarnations:
             self._isr_changing = True
-            asyncio.get_running_loop().create_task(self._write_isr(frozenset(wanted)))
+            asyncio.get_running_loop().create_task(self._write_isr(frozenset(wanted), incarnations))
 
-    async def _write_isr(self, isr: frozenset[str]) -> None:
+    async def _write_isr(self, isr: frozenset[str], incarnations: dict[str, str]) -> None:
         try:
             lease = await asyncio.to_thread(self.leases.get, self.name)
             if lease is None or lease.holder != self.server_id or lease.transitions != self.shard.epoch:
                 await self.step_down("lease changed while updating the ISR")
                 return
-            await asyncio.to_thread(self.leases.update, build_isr_change(lease, isr))
-            log.info("%s: ISR is now %s", self.name, sorted(isr))
+            changed = build_incarnations(build_isr_change(lease, isr), incarnations)
+            await asyncio.to_thread(self.leases.update, changed)
+            if isr != self.isr:
+                log.info("%s: ISR is now %s", self.name, sorted(isr))
             # Only after the lease records the smaller set may commits go on without the dropped one.
             self.isr = isr
+            self._recorded_incarnations = incarnations
             self._advance_commit()
         except LeaseConflict:
             pass  # retried on the next check
@@ -374,7 +415,11 @@ class ShardReplica:
         if outcome.result is replica_log.AppendResult.NEEDS_SNAPSHOT and self._recovering is None:
             self._recovering = asyncio.create_task(self._bootstrap(request.leader_id))
         return replication_pb2.AppendResponse(
-            outcome=_OUTCOMES[outcome.result], epoch=outcome.epoch, last_index=outcome.last_index, detail=outcome.detail
+            outcome=_OUTCOMES[outcome.result],
+            epoch=outcome.epoch,
+            last_index=outcome.last_index,
+            detail=outcome.detail,
+            incarnation=self.incarnation,
         )
 
     async def _bootstrap(self, leader: str) -> None:
@@ -396,9 +441,13 @@ class ShardReplica:
             def swap() -> ShardEnvironment:
                 self.shard.environment.close()
                 replica_log.install_snapshot(directory, data_file)
-                return self._reopen()
+                environment = self._reopen()
+                # The copy carries the leader's incarnation; this is a new copy of its own.
+                environment.renew_incarnation()
+                return environment
 
             self.shard.replace_environment(await self.shard.committer.run_exclusive(swap))
+            self.incarnation = self.shard.environment.incarnation()
             log.info("%s: bootstrapped from %s's snapshot (%d bytes)", self.name, leader, received)
         except (grpc.RpcError, OSError) as error:
             log.warning("%s: snapshot from %s failed: %s", self.name, leader, error)

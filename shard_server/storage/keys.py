@@ -39,6 +39,7 @@ META_LAST_SEQ = b"last_seq"
 META_LAST_INDEX = b"last_index"
 META_EPOCH = b"epoch"  # the highest epoch this replica has seen (fencing)
 META_APPLIED_INDEX = b"applied_index"  # log entries applied to the state, in order
+META_INCARNATION = b"incarnation"  # random per copy of the data; a wiped replica gets a new one
 META_IDENTITY = b"identity"  # queue name and shard number, checked on open
 
 DEDUP_VALUE = struct.Struct(">QqQ")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -80,6 +81,8 @@ class ShardEnvironment:
                 txn.put(keys.META_IDENTITY, identity, db=self.dbs[keys.DB_META])
             elif stored != identity:
                 raise IdentityMismatch(f"{path} holds {stored.decode()}, not queue {queue!r} shard {shard}")
+            if txn.get(keys.META_INCARNATION, db=self.dbs[keys.DB_META]) is None:
+                txn.put(keys.META_INCARNATION, os.urandom(6).hex().encode(), db=self.dbs[keys.DB_META])
 
     def close(self) -> None:
         self.env.close()
@@ -99,6 +102,18 @@ class ShardEnvironment:
     def read(self) -> Iterator[LmdbShardTransaction]:
         with self.env.begin(write=False, buffers=False) as txn:
             yield LmdbShardTransaction(txn, self.dbs)
+
+    def incarnation(self) -> str:
+        """Which copy of the shard's data this is (new when created empty or from a snapshot)."""
+        with self.env.begin(write=False) as txn:
+            value = txn.get(keys.META_INCARNATION, db=self.dbs[keys.DB_META])
+        return "" if value is None else bytes(value).decode()
+
+    def renew_incarnation(self) -> str:
+        incarnation = os.urandom(6).hex()
+        with self.env.begin(write=True) as txn:
+            txn.put(keys.META_INCARNATION, incarnation.encode(), db=self.dbs[keys.DB_META])
+        return incarnation
 
     def epoch(self) -> int:
         with self.read() as tx:

@@ -5,12 +5,7 @@ replication requests, like a non-peer's, are refused."""
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -18,83 +13,11 @@ import grpc
 import pytest
 
 from shard_server.leases.fencing import build_takeover, is_expired, isr_of
-from shard_server.leases.store import ISR_ANNOTATION, LeaseRecord
-from shard_server.storage.lease_store import LocalLeaseStore
+from shard_server.leases.store import LeaseRecord
 from shardq import Client, Message, ShardqError
 from shardq.api.v1 import replication_pb2, replication_pb2_grpc
-from tests.integration.harness import free_port, wait_for
-
-LEASE_MS = 1_500
-SERVERS = ("s1", "s2", "s3")
-PLACEMENT = [["s1", "s2", "s3"], ["s2", "s3", "s1"]]
-
-
-class Cluster:
-    def __init__(self, root: pathlib.Path) -> None:
-        self.root = root
-        self.ports = {server: free_port() for server in SERVERS}
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
-        self.cluster_file = root / "cluster.json"
-        self.cluster_file.write_text(
-            json.dumps(
-                {
-                    "servers": {s: {"address": self.endpoint(s)} for s in SERVERS},
-                    "queues": [{"name": "orders", "spec": {"shards": 2, "replicas": 3}}],
-                    "placement": {"orders": PLACEMENT},
-                    "lease_duration_ms": LEASE_MS,
-                }
-            )
-        )
-        self.leases = LocalLeaseStore(root / "leases.lmdb")
-        now = int(time.time() * 1000)
-        for shard, replicas in enumerate(PLACEMENT):
-            self.leases.create(
-                LeaseRecord(
-                    name=f"orders.{shard}",
-                    holder=replicas[0],
-                    acquire_time_ms=now,
-                    renew_time_ms=now,
-                    duration_ms=LEASE_MS,
-                    transitions=1,
-                    annotations={ISR_ANNOTATION: ",".join(sorted(replicas))},
-                )
-            )
-
-    def endpoint(self, server: str) -> str:
-        return f"127.0.0.1:{self.ports[server]}"
-
-    def start(self, server: str) -> None:
-        log = (self.root / f"{server}.log").open("ab")
-        command = [
-            sys.executable, "-m", "shardq", "serve",
-            "--cluster-file", str(self.cluster_file), "--server-id", server,
-            "--lease-store", str(self.root / "leases.lmdb"), "--data-dir", str(self.root / server),
-            "--port", str(self.ports[server]), "--log-format", "text",
-        ]  # fmt: skip
-        self.processes[server] = subprocess.Popen(command, stdout=log, stderr=log)
-        log.close()
-
-    def kill(self, server: str) -> None:
-        process = self.processes.pop(server)
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=10)
-
-    def stop_all(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.kill(process.pid, signal.SIGKILL)
-                process.wait()
-        self.leases.close()
-
-    def leader_of(self, shard: int) -> LeaseRecord:
-        lease = self.leases.get(f"orders.{shard}")
-        assert lease is not None
-        return lease
+from tests.integration.cluster_harness import LEASE_MS, SERVERS, Cluster
+from tests.integration.harness import wait_for
 
 
 @pytest.fixture

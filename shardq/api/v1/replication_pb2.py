@@ -24,31 +24,31 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bshardq/v1/replication.proto\x12\tshardq.v1\"\x9e\x01\n\rAppendRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\r\n\x05shard\x18\x02 \x01(\r\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x11\n\tleader_id\x18\x04 \x01(\t\x12\x12\n\nprev_index\x18\x05 \x01(\x04\x12\x12\n\nprev_epoch\x18\x06 \x01(\x04\x12\x0f\n\x07\x65ntries\x18\x07 \x03(\x0c\x12\x14\n\x0c\x63ommit_index\x18\x08 \x01(\x04\"n\n\x0e\x41ppendResponse\x12)\n\x07outcome\x18\x01 \x01(\x0e\x32\x18.shardq.v1.AppendOutcome\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x12\n\nlast_index\x18\x03 \x01(\x04\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"E\n\x0fSnapshotRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\r\n\x05shard\x18\x02 \x01(\r\x12\x14\n\x0crequester_id\x18\x03 \x01(\t\"U\n\rSnapshotChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x12\n\nlast_index\x18\x02 \x01(\x04\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\"\x19\n\x17GetReplicaStatusRequest\"\xd0\x01\n\rReplicaStatus\x12\r\n\x05queue\x18\x01 \x01(\t\x12\r\n\x05shard\x18\x02 \x01(\r\x12$\n\x04role\x18\x03 \x01(\x0e\x32\x16.shardq.v1.ReplicaRole\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x12\n\nlast_index\x18\x05 \x01(\x04\x12\x14\n\x0c\x63ommit_index\x18\x06 \x01(\x04\x12\x15\n\rapplied_index\x18\x07 \x01(\x04\x12\x0b\n\x03isr\x18\x08 \x03(\t\x12\x0c\n\x04load\x18\t \x01(\x01\x12\x10\n\x08messages\x18\n \x01(\x04\"p\n\x11ReplicaStatusList\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12*\n\x08replicas\x18\x04 \x03(\x0b\x32\x18.shardq.v1.ReplicaStatus*\xc2\x01\n\rAppendOutcome\x12\x1e\n\x1a\x41PPEND_OUTCOME_UNSPECIFIED\x10\x00\x12\x15\n\x11\x41PPEND_OUTCOME_OK\x10\x01\x12\x1e\n\x1a\x41PPEND_OUTCOME_STALE_EPOCH\x10\x02\x12\x1b\n\x17\x41PPEND_OUTCOME_MISMATCH\x10\x03\x12!\n\x1d\x41PPEND_OUTCOME_NEEDS_SNAPSHOT\x10\x04\x12\x1a\n\x16\x41PPEND_OUTCOME_REFUSED\x10\x05*|\n\x0bReplicaRole\x12\x1c\n\x18REPLICA_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13REPLICA_ROLE_LEADER\x10\x01\x12\x19\n\x15REPLICA_ROLE_FOLLOWER\x10\x02\x12\x1b\n\x17REPLICA_ROLE_RECOVERING\x10\x03\x32\xed\x01\n\x12ReplicationService\x12=\n\x06\x41ppend\x12\x18.shardq.v1.AppendRequest\x1a\x19.shardq.v1.AppendResponse\x12\x42\n\x08Snapshot\x12\x1a.shardq.v1.SnapshotRequest\x1a\x18.shardq.v1.SnapshotChunk0\x01\x12T\n\x10GetReplicaStatus\x12\".shardq.v1.GetReplicaStatusRequest\x1a\x1c.shardq.v1.ReplicaStatusListb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bshardq/v1/replication.proto\x12\tshardq.v1\"\x9e\x01\n\rAppendRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\r\n\x05shard\x18\x02 \x01(\r\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x11\n\tleader_id\x18\x04 \x01(\t\x12\x12\n\nprev_index\x18\x05 \x01(\x04\x12\x12\n\nprev_epoch\x18\x06 \x01(\x04\x12\x0f\n\x07\x65ntries\x18\x07 \x03(\x0c\x12\x14\n\x0c\x63ommit_index\x18\x08 \x01(\x04\"\x83\x01\n\x0e\x41ppendResponse\x12)\n\x07outcome\x18\x01 \x01(\x0e\x32\x18.shardq.v1.AppendOutcome\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x12\n\nlast_index\x18\x03 \x01(\x04\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\x12\x13\n\x0bincarnation\x18\x05 \x01(\t\"E\n\x0fSnapshotRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\r\n\x05shard\x18\x02 \x01(\r\x12\x14\n\x0crequester_id\x18\x03 \x01(\t\"U\n\rSnapshotChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x12\n\nlast_index\x18\x02 \x01(\x04\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\"\x19\n\x17GetReplicaStatusRequest\"\xd0\x01\n\rReplicaStatus\x12\r\n\x05queue\x18\x01 \x01(\t\x12\r\n\x05shard\x18\x02 \x01(\r\x12$\n\x04role\x18\x03 \x01(\x0e\x32\x16.shardq.v1.ReplicaRole\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x12\n\nlast_index\x18\x05 \x01(\x04\x12\x14\n\x0c\x63ommit_index\x18\x06 \x01(\x04\x12\x15\n\rapplied_index\x18\x07 \x01(\x04\x12\x0b\n\x03isr\x18\x08 \x03(\t\x12\x0c\n\x04load\x18\t \x01(\x01\x12\x10\n\x08messages\x18\n \x01(\x04\"p\n\x11ReplicaStatusList\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12*\n\x08replicas\x18\x04 \x03(\x0b\x32\x18.shardq.v1.ReplicaStatus*\xc2\x01\n\rAppendOutcome\x12\x1e\n\x1a\x41PPEND_OUTCOME_UNSPECIFIED\x10\x00\x12\x15\n\x11\x41PPEND_OUTCOME_OK\x10\x01\x12\x1e\n\x1a\x41PPEND_OUTCOME_STALE_EPOCH\x10\x02\x12\x1b\n\x17\x41PPEND_OUTCOME_MISMATCH\x10\x03\x12!\n\x1d\x41PPEND_OUTCOME_NEEDS_SNAPSHOT\x10\x04\x12\x1a\n\x16\x41PPEND_OUTCOME_REFUSED\x10\x05*|\n\x0bReplicaRole\x12\x1c\n\x18REPLICA_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13REPLICA_ROLE_LEADER\x10\x01\x12\x19\n\x15REPLICA_ROLE_FOLLOWER\x10\x02\x12\x1b\n\x17REPLICA_ROLE_RECOVERING\x10\x03\x32\xed\x01\n\x12ReplicationService\x12=\n\x06\x41ppend\x12\x18.shardq.v1.AppendRequest\x1a\x19.shardq.v1.AppendResponse\x12\x42\n\x08Snapshot\x12\x1a.shardq.v1.SnapshotRequest\x1a\x18.shardq.v1.SnapshotChunk0\x01\x12T\n\x10GetReplicaStatus\x12\".shardq.v1.GetReplicaStatusRequest\x1a\x1c.shardq.v1.ReplicaStatusListb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'shardq.v1.replication_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_APPENDOUTCOME']._serialized_start=826
-  _globals['_APPENDOUTCOME']._serialized_end=1020
-  _globals['_REPLICAROLE']._serialized_start=1022
-  _globals['_REPLICAROLE']._serialized_end=1146
+  _globals['_APPENDOUTCOME']._serialized_start=848
+  _globals['_APPENDOUTCOME']._serialized_end=1042
+  _globals['_REPLICAROLE']._serialized_start=1044
+  _globals['_REPLICAROLE']._serialized_end=1168
   _globals['_APPENDREQUEST']._serialized_start=43
   _globals['_APPENDREQUEST']._serialized_end=201
-  _globals['_APPENDRESPONSE']._serialized_start=203
-  _globals['_APPENDRESPONSE']._serialized_end=313
-  _globals['_SNAPSHOTREQUEST']._serialized_start=315
-  _globals['_SNAPSHOTREQUEST']._serialized_end=384
-  _globals['_SNAPSHOTCHUNK']._serialized_start=386
-  _globals['_SNAPSHOTCHUNK']._serialized_end=471
-  _globals['_GETREPLICASTATUSREQUEST']._serialized_start=473
-  _globals['_GETREPLICASTATUSREQUEST']._serialized_end=498
-  _globals['_REPLICASTATUS']._serialized_start=501
-  _globals['_REPLICASTATUS']._serialized_end=709
-  _globals['_REPLICASTATUSLIST']._serialized_start=711
-  _globals['_REPLICASTATUSLIST']._serialized_end=823
-  _globals['_REPLICATIONSERVICE']._serialized_start=1149
-  _globals['_REPLICATIONSERVICE']._serialized_end=1386
+  _globals['_APPENDRESPONSE']._serialized_start=204
+  _globals['_APPENDRESPONSE']._serialized_end=335
+  _globals['_SNAPSHOTREQUEST']._serialized_start=337
+  _globals['_SNAPSHOTREQUEST']._serialized_end=406
+  _globals['_SNAPSHOTCHUNK']._serialized_start=408
+  _globals['_SNAPSHOTCHUNK']._serialized_end=493
+  _globals['_GETREPLICASTATUSREQUEST']._serialized_start=495
+  _globals['_GETREPLICASTATUSREQUEST']._serialized_end=520
+  _globals['_REPLICASTATUS']._serialized_start=523
+  _globals['_REPLICASTATUS']._serialized_end=731
+  _globals['_REPLICASTATUSLIST']._serialized_start=733
+  _globals['_REPLICASTATUSLIST']._serialized_end=845
+  _globals['_REPLICATIONSERVICE']._serialized_start=1171
+  _globals['_REPLICATIONSERVICE']._serialized_end=1408
 # @@protoc_insertion_point(module_scope)

@@ -135,12 +135,17 @@ class AppendResponse(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     LAST_INDEX_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     outcome: Global___AppendOutcome.ValueType
     epoch: _builtins.int
     """The highest epoch this replica has seen."""
     last_index: _builtins.int
     """The replica's last persisted log index after this append."""
     detail: _builtins.str
+    incarnation: _builtins.str
+    """Which copy of the data the replica holds: new whenever it starts empty or
+    from a snapshot. The leader records it with the ISR on the lease.
+    """
     def __init__(
         self,
         *,
@@ -148,10 +153,11 @@ class AppendResponse(_message.Message):
         epoch: _builtins.int = ...,
         last_index: _builtins.int = ...,
         detail: _builtins.str = ...,
+        incarnation: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "epoch", b"epoch", "last_index", b"last_index", "outcome", b"outcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "epoch", b"epoch", "incarnation", b"incarnation", "last_index", b"last_index", "outcome", b"outcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
