@@ -312,13 +312,15 @@ async def run_drain_phase(spec: PhaseSpec) -> dict[str, Any]:
         await asyncio.gather(*(lane() for _ in range(spec.window)))
 
     async def stream_consumer(client: AsyncClient) -> None:
-        inbox: asyncio.Queue[ReceivedMessage] = asyncio.Queue()
+        # Bounded by the credits, so credits bound unacknowledged messages too: an
+        # unbounded inbox let slow (replicated) deletes fall behind the visibility timeout.
+        inbox: asyncio.Queue[ReceivedMessage] = asyncio.Queue(maxsize=spec.credits)
         async with client.consume(spec.queue, credits=spec.credits, max_batch=MAX_RECEIVE_BATCH) as stream:
 
             async def pump() -> None:
                 async for message in stream.messages():
                     progress.note_received([message.message_id])
-                    inbox.put_nowait(message)
+                    await inbox.put(message)
 
             async def deleter() -> None:
                 while not progress.done.is_set():

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from shard_server.leases.fencing import build_takeover, isr_of
+from shard_server.leases.fencing import build_isr_change, build_takeover, isr_of
 from shard_server.leases.store import LeaseConflict, LeaseRecord, LeaseStore
 from shard_server.local.cluster_files import (
     ClusterFile,
@@ -42,6 +42,7 @@ from shard_server.local.takeovers import (
     build_initial_lease,
     choose_failovers,
     choose_rebalancing,
+    isr_after_takeover,
 )
 
 logger = logging.getLogger("shard_server.local")
@@ -230,6 +231,7 @@ class Supervisor:
         updated = build_takeover(
             lease, new_holder=takeover.new_holder, now_ms=wall_clock_ms(), duration_ms=self.cluster.lease_duration_ms
         )
+        updated = build_isr_change(updated, isr_after_takeover(takeover))
         try:
             self.store.update(updated)
         except LeaseConflict:

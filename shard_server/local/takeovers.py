@@ -231,3 +231,18 @@ def choose_rebalancing(
         Takeover(lease=by_shard[move.shard], new_holder=move.to_server, reason=TakeoverReason.REBALANCE)
         for move in moves
     ]
+
+
+def isr_after_takeover(takeover: Takeover) -> frozenset[str]:
+    """The ISR to write with a takeover.
+
+    A holder that died or stopped renewing is acknowledging nothing: leaving it
+    in the ISR would make the new leader wait for the lag timeout (about a
+    second) before its first commit. Its data stays on disk; it rejoins the ISR
+    once it has caught up. A move off a hot, healthy server keeps the ISR.
+    """
+    isr = isr_of(takeover.lease)
+    old = takeover.lease.holder
+    if takeover.reason in (TakeoverReason.HOLDER_DIED, TakeoverReason.LEASE_EXPIRED) and old != takeover.new_holder:
+        return isr - {old}
+    return isr

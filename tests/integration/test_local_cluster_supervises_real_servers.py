@@ -366,6 +366,12 @@ def test_leadership_moves_off_a_server_that_leads_more_than_its_share_of_load(cl
     os.kill(cluster.server_pid("s1"), signal.SIGKILL)
     wait_for(lambda: all(lease.holder != "s1" for lease in cluster.leases().values()), timeout=15, what="failover")
     wait_for(lambda: cluster.stderr_path.read_text().count("s1 ready") >= 2, timeout=30, what="s1 back")
+    # The takeovers dropped the dead s1 from the ISR; its leaders re-admit it once caught up.
+    wait_for(
+        lambda: all("s1" in isr_of(lease) for lease in cluster.leases().values()),
+        timeout=30,
+        what="s1 back in every ISR",
+    )
     before = cluster.leases()
 
     # In its own process, so that a client call that never returns cannot hang the test.

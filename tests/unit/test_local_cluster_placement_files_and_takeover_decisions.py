@@ -364,3 +364,16 @@ class TestRebalancing:
         loads = {ShardId("orders", 0): tiny, ShardId("orders", 1): tiny}
         servers = observed(ready("s1"), ready("s2"), ready("s3"))
         assert choose_rebalancing(cluster=cluster, leases=leases, servers=servers, shard_loads=loads, now_ms=T0) == []
+
+
+def test_a_dead_or_silent_holder_leaves_the_isr_with_the_takeover() -> None:
+    from shard_server.leases.fencing import build_isr_change
+    from shard_server.leases.store import LeaseRecord
+    from shard_server.local.takeovers import Takeover, TakeoverReason, isr_after_takeover
+
+    lease = build_isr_change(LeaseRecord(name="orders.0", holder="s1", transitions=3), {"s1", "s2", "s3"})
+    for reason in (TakeoverReason.HOLDER_DIED, TakeoverReason.LEASE_EXPIRED):
+        assert isr_after_takeover(Takeover(lease, "s2", reason)) == {"s2", "s3"}
+    # A healthy holder handing over stays in sync, and so does a holder taking its lease back.
+    assert isr_after_takeover(Takeover(lease, "s2", TakeoverReason.REBALANCE)) == {"s1", "s2", "s3"}
+    assert isr_after_takeover(Takeover(lease, "s1", TakeoverReason.HOLDER_RESTARTED)) == {"s1", "s2", "s3"}
