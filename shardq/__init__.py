@@ -11,6 +11,7 @@ from shardq.consumer import ConsumerStats, run_consumer
 from shardq.errors import (
     InvalidArgument,
     NotLeader,
+    OutcomeUnknown,
     QueueFull,
     QueueNotFound,
     Reason,
@@ -37,6 +38,7 @@ __all__ = [
     "InvalidArgument",
     "Message",
     "NotLeader",
+    "OutcomeUnknown",
     "QueueAttributes",
     "QueueFull",
     "QueueNotFound",

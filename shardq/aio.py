@@ -232,14 +232,21 @@ class AsyncClient:
     def _forget_routes(self, queue: str) -> None:
         self._routes.pop(queue, None)
 
-    async def _routed(self, queue: str, address: str, method: str, request: Any, *, timeout: float = 30) -> Any:
-        """Call a leader directly; on NOT_LEADER or an unreachable leader, refresh the
-        map and let the endpoint (which forwards) answer instead."""
+    async def _routed(
+        self, queue: str, address: str, method: str, request: Any, *, idempotent: bool, timeout: float = 30
+    ) -> Any:
+        """Call a leader directly; if it is not the leader (nothing was written), refresh
+        the map and let the endpoint (which forwards) answer instead. An unreachable
+        leader may have applied the call, so only idempotent calls are retried then."""
         try:
             return await self._unary(getattr(self._leader_stub(address), method), request, queue=queue, timeout=timeout)
-        except (NotLeader, Unavailable):
+        except NotLeader:
             self._forget_routes(queue)
-            return await self._unary(getattr(self._stub, method), request, queue=queue, timeout=timeout)
+        except Unavailable:
+            self._forget_routes(queue)
+            if not idempotent:
+                raise
+        return await self._unary(getattr(self._stub, method), request, queue=queue, timeout=timeout)
 
     def _addresses_of_receipts(self, routes: _QueueRoutes, receipts: Sequence[str]) -> list[str]:
         addresses = []
@@ -310,7 +317,9 @@ class AsyncClient:
             request = queue_pb2.SendMessagesRequest(
                 queue=queue, shard=shard, messages=[message_to_proto(messages[p]) for p in positions]
             )
-            response = await self._routed(queue, routes.leaders[shard], "SendMessages", request)
+            # A repeated send stores nothing new only when every message has a dedup id.
+            idempotent = all(messages[p].dedup_id for p in positions)
+            response = await self._routed(queue, routes.leaders[shard], "SendMessages", request, idempotent=idempotent)
             for position, result in zip(positions, send_results_from_proto(response), strict=True):
                 results[position] = result
 
@@ -382,13 +391,15 @@ class AsyncClient:
             # rotating over leaders spreads receivers without starving any shard.
             leaders = sorted(set(routes.leaders) - {""})
             address = leaders[next(self._round_robin) % len(leaders)]
-            response = await self._routed(queue, address, "ReceiveMessages", request, timeout=timeout)
+            response = await self._routed(queue, address, "ReceiveMessages", request, idempotent=True, timeout=timeout)
         return received_from_proto(response)
 
     async def delete_messages(self, queue: str, receipts: Sequence[str]) -> list[EntryResult]:
         async def call(address: str, chunk: list[str]) -> list[EntryResult]:
             request = queue_pb2.DeleteMessagesRequest(queue=queue, receipts=chunk)
-            return entry_results_from_proto((await self._routed(queue, address, "DeleteMessages", request)).results)
+            return entry_results_from_proto(
+                (await self._routed(queue, address, "DeleteMessages", request, idempotent=True)).results
+            )
 
         return await self._by_receipt(queue, receipts, list(receipts), call)
 
@@ -398,14 +409,18 @@ class AsyncClient:
                 queue=queue,
                 changes=[queue_pb2.VisibilityChange(receipt=r, visibility_timeout_ms=t) for r, t in chunk],
             )
-            return entry_results_from_proto((await self._routed(queue, address, "ChangeVisibility", request)).results)
+            return entry_results_from_proto(
+                (await self._routed(queue, address, "ChangeVisibility", request, idempotent=True)).results
+            )
 
         return await self._by_receipt(queue, [r for r, _ in changes], list(changes), call)
 
     async def release_messages(self, queue: str, receipts: Sequence[str]) -> list[EntryResult]:
         async def call(address: str, chunk: list[str]) -> list[EntryResult]:
             request = queue_pb2.ReleaseMessagesRequest(queue=queue, receipts=chunk)
-            return entry_results_from_proto((await self._routed(queue, address, "ReleaseMessages", request)).results)
+            return entry_results_from_proto(
+                (await self._routed(queue, address, "ReleaseMessages", request, idempotent=True)).results
+            )
 
         return await self._by_receipt(queue, receipts, list(receipts), call)
 

@@ -20,6 +20,9 @@ class Reason(enum.StrEnum):
     MESSAGE_NOT_FOUND = "MESSAGE_NOT_FOUND"
     WRONG_QUEUE = "WRONG_QUEUE"
     SHUTTING_DOWN = "SHUTTING_DOWN"
+    # The write may or may not have been stored (e.g. leadership was lost before it
+    # was replicated): retry only what is idempotent (dedup ids make sends so).
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
     UNAVAILABLE = "UNAVAILABLE"
 
 
@@ -69,6 +72,11 @@ class QueueFull(ShardqError):
 class NotLeader(ShardqError):
     def __init__(self, message: str, *, leader: str = "") -> None:
         super().__init__(Reason.NOT_LEADER, message, leader=leader)
+
+
+class OutcomeUnknown(ShardqError):
+    def __init__(self, message: str) -> None:
+        super().__init__(Reason.OUTCOME_UNKNOWN, message)
 
 
 class Unavailable(ShardqError):

@@ -10,6 +10,7 @@ from shardq.errors import (
     ERROR_DOMAIN,
     InvalidArgument,
     NotLeader,
+    OutcomeUnknown,
     QueueFull,
     QueueNotFound,
     Reason,
@@ -50,6 +51,8 @@ def build_error(
         error = NotLeader(message, leader=leader)
     elif known is Reason.UNAVAILABLE:
         error = Unavailable(message)
+    elif known is Reason.OUTCOME_UNKNOWN:
+        error = OutcomeUnknown(message)
     else:
         error = ShardqError(known, message, field=field, retry_after_ms=retry_after_ms, leader=leader)
     error.message = message

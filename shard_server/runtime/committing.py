@@ -45,6 +45,7 @@ class CommitReport:
     requests: int
     log_index: int
     at_ms: int
+    epoch: int
 
 
 class GroupCommitter:
@@ -55,7 +56,7 @@ class GroupCommitter:
         *,
         name: str,
         on_commit: Callable[[CommitReport], None],
-        replicated: Callable[[int], Awaitable[None]] | None = None,
+        replicated: Callable[[int, int], Awaitable[None]] | None = None,
         clock_ms: Callable[[], int] = wall_clock_ms,
     ) -> None:
         self.environment = environment
@@ -114,7 +115,7 @@ class GroupCommitter:
                 loop.call_soon_threadsafe(_resolve_all, early)
 
         _, index = self.environment.write(run_all, epoch=context.epoch, at_ms=now_ms)
-        return outcomes, CommitReport(len(batch), index, now_ms)
+        return outcomes, CommitReport(len(batch), index, now_ms, context.epoch)
 
     def _finish_batch(
         self,
@@ -135,7 +136,7 @@ class GroupCommitter:
             self._on_commit(report)
             if self._replicated is not None and report.log_index:
                 # The next batch may commit locally meanwhile: replication is pipelined.
-                loop.create_task(self._answer_when_replicated(report.log_index, answers))
+                loop.create_task(self._answer_when_replicated(report.log_index, report.epoch, answers))
             else:
                 _resolve_all(answers)
         if self._pending:
@@ -143,10 +144,12 @@ class GroupCommitter:
         else:
             self._idle.set()
 
-    async def _answer_when_replicated(self, index: int, answers: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+    async def _answer_when_replicated(
+        self, index: int, epoch: int, answers: list[tuple[asyncio.Future[Any], bool, Any]]
+    ) -> None:
         assert self._replicated is not None
         try:
-            await self._replicated(index)
+            await self._replicated(index, epoch)
         except ShardqError as error:
             # Written here but not known to be replicated: the client must treat
             # the outcome as unknown, exactly as after a lost connection.

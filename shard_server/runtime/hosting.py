@@ -119,9 +119,9 @@ class HostedShard:
         if self.replica is not None:
             self.replica.require_serving()
 
-    async def _wait_replicated(self, index: int) -> None:
+    async def _wait_replicated(self, index: int, epoch: int) -> None:
         if self.replica is not None:
-            await self.replica.wait_committed(index)
+            await self.replica.wait_committed(index, epoch)
 
     def replace_environment(self, environment: ShardEnvironment) -> None:
         self.environment = environment

@@ -43,7 +43,7 @@ from shard_server.runtime.forwarding import PEER_CHANNEL_OPTIONS
 from shard_server.storage import replica_log
 from shard_server.storage.lmdb_store import ShardEnvironment
 from shardq.api.v1 import replication_pb2, replication_pb2_grpc
-from shardq.errors import NotLeader
+from shardq.errors import NotLeader, OutcomeUnknown
 
 if TYPE_CHECKING:
     from shard_server.runtime.hosting import HostedShard
@@ -123,9 +123,11 @@ class ShardReplica:
         self.isr: frozenset[str] = frozenset(self.replicas)
         self._reopen = reopen
         self._serving_until_ms = 0
+        self._renewed_at_ms = 0
         self._match: dict[str, int] = {}
         self._progress_at: dict[str, int] = {}
-        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        # (epoch, log index, future) of writes waiting to be replicated.
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._new_entries = asyncio.Event()
         self._leader_tasks: list[asyncio.Task[None]] = []
         self._recovering: asyncio.Task[None] | None = None
@@ -155,14 +157,16 @@ class ShardReplica:
             if not self.followers or not (self.isr - {self.server_id}):
                 self._advance_commit()
 
-    async def wait_committed(self, index: int) -> None:
-        """Resolve once every in-sync replica has persisted entry `index`."""
+    async def wait_committed(self, index: int, epoch: int) -> None:
+        """Resolve once every in-sync replica has persisted entry `index`, written at
+        `epoch`. A later epoch's commit index says nothing about this entry: it may
+        have been cut off when leadership moved, so only this epoch can commit it."""
+        if self.role is not Role.LEADER or epoch != self.shard.epoch:
+            raise _lost_before_replication(self.name)
         if index <= self.commit_index:
             return
-        if self.role is not Role.LEADER:
-            raise NotLeader(f"{self.name}: leadership lost before the write was replicated")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((index, future))
+        self._waiters.append((epoch, index, future))
         self._advance_commit()
         await future
 
@@ -185,7 +189,8 @@ class ShardReplica:
             if not mine or lease.transitions != self.shard.epoch:
                 await self.step_down(f"lease now held by {lease.holder or 'nobody'} at epoch {lease.transitions}")
                 return
-            await self._renew(lease)
+            if monotonic_ms() - self._renewed_at_ms >= lease.duration_ms // 4:
+                await self._renew(lease)
             self._check_isr()
         elif mine and self.role is Role.FOLLOWER and lease.transitions > self.shard.epoch:
             await self._become_leader(lease)
@@ -213,6 +218,7 @@ class ShardReplica:
         await self.shard.committer.run_exclusive(lambda: replica_log.apply_whole_log(environment, fifo=fifo))
         self.shard.epoch = epoch
         _, _, last, _ = replica_log.replica_indexes(environment)
+        self._fail_waiters()  # nothing from an earlier term may be answered by this one
         self.isr = isr_of(lease) or frozenset(self.replicas)
         self._recorded_incarnations = incarnations_of(lease)
         self._incarnations = {self.server_id: self.incarnation}
@@ -231,11 +237,21 @@ class ShardReplica:
         self.shard.queue.wake()
 
     async def _renew(self, lease: LeaseRecord) -> None:
-        started = monotonic_ms()
+        # Every quarter lease: the serving deadline (three quarters past the
+        # request) then always has half a lease of slack.
+        started = self._renewed_at_ms = monotonic_ms()
         try:
             renewed = await asyncio.to_thread(self.leases.update, build_renewal(lease, now_ms=wall_ms()))
         except LeaseConflict:
-            return  # re-read on the next watch; the old deadline stays in force
+            # Often our own ISR update got in between: read again and retry once,
+            # still counting from the first request's start.
+            current = await asyncio.to_thread(self.leases.get, self.name)
+            if current is None or current.holder != self.server_id or current.transitions != lease.transitions:
+                return  # the next watch steps down; the old deadline stays in force
+            try:
+                renewed = await asyncio.to_thread(self.leases.update, build_renewal(current, now_ms=wall_ms()))
+            except LeaseConflict:
+                return
         margin = renewed.duration_ms // 4
         self._serving_until_ms = safe_serving_deadline_ms(
             started, duration_ms=renewed.duration_ms, clock_skew_margin_ms=margin
@@ -247,14 +263,21 @@ class ShardReplica:
         log.warning("%s: stepping down: %s", self.name, why)
         self.role = Role.FOLLOWER
         self._serving_until_ms = 0
-        for task in self._leader_tasks:
-            task.cancel()
-        await asyncio.gather(*self._leader_tasks, return_exceptions=True)
+        # Fail waiting writes first, synchronously: nothing below may prevent it.
+        self._fail_waiters()
+        # A shipper may be the caller: never cancel (or wait for) the running task.
+        current = asyncio.current_task()
+        others = [task for task in self._leader_tasks if task is not current]
         self._leader_tasks = []
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+
+    def _fail_waiters(self) -> None:
         waiters, self._waiters = self._waiters, []
-        for _, future in waiters:
+        for _, _, future in waiters:
             if not future.done():
-                future.set_exception(NotLeader(f"{self.name}: leadership lost before the write was replicated"))
+                future.set_exception(_lost_before_replication(self.name))
 
     # -- leader: shipping and commit ----------------------------------------------------
     def _advance_commit(self) -> None:
@@ -267,12 +290,15 @@ class ShardReplica:
         if not self._waiters:
             return
         remaining = []
-        for index, future in self._waiters:
-            if index <= self.commit_index:
+        for epoch, index, future in self._waiters:
+            if epoch != self.shard.epoch:
+                if not future.done():
+                    future.set_exception(_lost_before_replication(self.name))
+            elif index <= self.commit_index:
                 if not future.done():
                     future.set_result(None)
             else:
-                remaining.append((index, future))
+                remaining.append((epoch, index, future))
         self._waiters = remaining
 
     async def _ship(self, follower: str) -> None:
@@ -494,6 +520,10 @@ class ShardReplica:
             load=self.shard.load_per_second(),
             messages=self.shard.message_count(),
         )
+
+
+def _lost_before_replication(name: str) -> OutcomeUnknown:
+    return OutcomeUnknown(f"{name}: leadership was lost before the write was replicated; it may or may not be stored")
 
 
 _OUTCOMES = {

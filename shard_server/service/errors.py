@@ -27,6 +27,7 @@ STATUS_BY_REASON: dict[Reason, grpc.StatusCode] = {
     Reason.WRONG_QUEUE: grpc.StatusCode.INVALID_ARGUMENT,
     Reason.SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,
     Reason.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    Reason.OUTCOME_UNKNOWN: grpc.StatusCode.UNAVAILABLE,
 }
 
 

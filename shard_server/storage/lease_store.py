@@ -38,10 +38,16 @@ class LocalLeaseStore:
             map_size=map_size,
             max_dbs=0,
             lock=True,
-            # An epoch that was handed out must survive a crash of the machine, or a
-            # restarted cluster could hand the same epoch to a second leader.
-            sync=True,
-            metasync=True,
+            # Commits do not flush; every write flushes right after its commit
+            # instead (`_flush`), outside LMDB's writer lock. Every process of the
+            # cluster shares that lock, and a process SIGSTOPped while holding it
+            # would freeze every renewal and failover: the lock must be held for
+            # microseconds, not for an fsync. A handed-out epoch is still on disk
+            # before the caller hears of it. The price: a machine crash in the
+            # instant between a commit and its flush can damage this file (a
+            # process crash cannot), which a local development cluster can afford.
+            sync=False,
+            metasync=False,
         )
         # A SIGKILLed process leaves its reader slot behind; a stale slot pins old pages
         # and makes the file grow. Local clusters kill processes on purpose, so sweep.
@@ -67,6 +73,7 @@ class LocalLeaseStore:
             # put(overwrite=False) checks and writes under the one write lock.
             if not txn.put(_key(record.name), _encode(created), overwrite=False):
                 raise LeaseConflict(f"lease {record.name!r} already exists")
+        self._flush()
         return created
 
     def update(self, record: LeaseRecord) -> LeaseRecord:
@@ -82,7 +89,12 @@ class LocalLeaseStore:
                 raise LeaseConflict(f"lease {record.name!r} is at version {current.version}, not {record.version}")
             updated = _with_version(record, int(current.version) + 1)
             txn.put(key, _encode(updated))
+        self._flush()
         return updated
+
+    def _flush(self) -> None:
+        """Make every committed write durable (see the sync=False note in __init__)."""
+        self._env.sync(True)
 
     def list(self, prefix: str) -> builtins.list[LeaseRecord]:
         start = prefix.encode()
