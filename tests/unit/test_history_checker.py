@@ -8,6 +8,7 @@ import dataclasses
 import itertools
 import pathlib
 import random
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -98,15 +99,16 @@ class Script:
         group_id: str = "",
         client: str = "consumer",
         message_ids: dict[str, str] | None = None,
+        ids: Sequence[str] = (),
     ) -> list[Delivery]:
         common = self._common(t0, t1, client, Status.OK, "", queue)
         deliveries = [
             Delivery(
-                message_id=(message_ids or {}).get(body, f"m-{body}"),
+                message_id=ids[position] if ids else (message_ids or {}).get(body, f"m-{body}"),
                 body=body,
                 group_id=group_id,
                 dedup_id="",
-                receipt=f"receipt-{common['op_id']}-{body}",
+                receipt=f"receipt-{common['op_id']}-{position}",
                 shard=shard,
                 seq=next(self._seqs),
                 epoch=epoch,
@@ -114,7 +116,7 @@ class Script:
                 receive_count=1,
                 visible_until_ms=WALL0 + (visible_until if visible_until is not None else t0 + vt),
             )
-            for body in bodies
+            for position, body in enumerate(bodies)
         ]
         self.operations.append(
             Receive(**common, max_messages=10, visibility_timeout_ms=vt, deliveries=tuple(deliveries))
@@ -241,6 +243,15 @@ def test_a_body_received_under_another_id_is_flagged() -> None:
     s.delete(40, 50, a)
     # m-1 is also never received and not stored.
     assert rules(s.check()) == ["lost-never-received", "wrong-message-id"]
+
+
+def test_one_send_call_that_stored_two_messages_is_flagged() -> None:
+    s = Script()
+    s.send(0, 10, "a", message_id="m-2")  # a library retry; the first attempt (m-1) was applied too
+    first, second = s.receive(20, 30, "a", "a", ids=["m-1", "m-2"])
+    s.delete(40, 50, first)
+    s.delete(40, 50, second)
+    assert rules(s.check()) == ["stored-twice"]
 
 
 # -- property 2: receipts are current -----------------------------------------------------------

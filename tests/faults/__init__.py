@@ -1,0 +1,1 @@
+"""Fault tests: a recorded client history, a pure checker over it, and the workload that writes it."""
