@@ -139,7 +139,7 @@ async def redrive(
         raise InvalidArgument("rate_per_second", "must be >= 0")
     from_queue = host.get(source)
     to_queue = host.get(destination)
-    present = sum(stats.messages - stats.dead_letter_pending for stats in from_queue.stats())
+    present = sum(stats.messages - stats.dead_letter_pending for _, stats in from_queue.stats())
     target = min(max_messages, present) if max_messages else present
     moved = 0
     started = asyncio.get_running_loop().time()

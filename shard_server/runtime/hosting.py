@@ -586,9 +586,9 @@ class HostedQueue:
                 total += response.purged
         return total
 
-    def stats(self) -> list[ShardStats]:
-        """Stats of the shards led here (all of them when standalone)."""
-        return [shard.stats() for shard in self.shards if shard.is_local_leader()]
+    def stats(self) -> list[tuple[HostedShard, ShardStats]]:
+        """Stats of the shards led here (all of them when standalone), with their shard."""
+        return [(shard, shard.stats()) for shard in self.shards if shard.is_local_leader()]
 
     async def close(self) -> None:
         for shard in self.shards:

@@ -172,8 +172,9 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
     ) -> queue_pb2.QueueAttributes:
         queue = self.host.get(request.queue)
         # Counting scans the index past `now`: keep it off the event loop.
+        # One pass picks the led shards and reads them, so leadership moving in
+        # between cannot pair a shard with another's counts.
         stats = await asyncio.to_thread(queue.stats)
-        leaders = [shard for shard in queue.shards if shard.is_local_leader()]
         shards = [
             queue_pb2.ShardAttributes(
                 shard=shard.index,
@@ -185,7 +186,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                 commit_index=s.last_index,
                 epoch=shard.epoch,
             )
-            for shard, s in zip(leaders, stats, strict=True)
+            for shard, s in stats
         ]
         if not is_forwarded(context) and queue.router is not None:
             # The other shards' counts come from their leaders.
