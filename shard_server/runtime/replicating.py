@@ -193,7 +193,13 @@ class ShardReplica:
                 await self._renew(lease)
             self._check_isr()
         elif mine and self.role is Role.FOLLOWER and lease.transitions > self.shard.epoch:
-            await self._become_leader(lease)
+            try:
+                await self._become_leader(lease)
+            except BaseException:
+                # A half-done promotion must not leave the replica stuck between roles.
+                if self.role is Role.PROMOTING:
+                    self.role = Role.FOLLOWER
+                raise
 
     async def _become_leader(self, lease: LeaseRecord) -> None:
         vouched = incarnations_of(lease).get(self.server_id)
