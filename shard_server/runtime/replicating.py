@@ -196,10 +196,13 @@ class ShardReplica:
             try:
                 await self._become_leader(lease)
             except BaseException:
-                # A half-done promotion must not leave the replica stuck between roles.
-                if self.role is Role.PROMOTING:
-                    self.role = Role.FOLLOWER
+                self._abandon_promotion()
                 raise
+
+    def _abandon_promotion(self) -> None:
+        """A half-done promotion must not leave the replica stuck between roles."""
+        if self.role is Role.PROMOTING:
+            self.role = Role.FOLLOWER
 
     async def _become_leader(self, lease: LeaseRecord) -> None:
         vouched = incarnations_of(lease).get(self.server_id)
