@@ -269,9 +269,14 @@ class HostedQueue:
         """
         by_shard: dict[int, list[int]] = {}
         start = next(self._round_robin)
-        for position, message in enumerate(messages):
-            target = shard if shard is not None else choose_shard(self.config, message, round_robin=start)
-            by_shard.setdefault(target, []).append(position)
+        keyed = self.config.fifo or any(message.dedup_id for message in messages)
+        if shard is not None or not keyed:
+            # Unkeyed messages of a batch all take the batch's round-robin shard.
+            target = shard if shard is not None else start % self.config.shards
+            by_shard[target] = list(range(len(messages)))
+        else:
+            for position, message in enumerate(messages):
+                by_shard.setdefault(choose_shard(self.config, message, round_robin=start), []).append(position)
         entries: list[SendEntry] = [SendEntry()] * len(messages)
 
         async def send_to(index: int, positions: list[int]) -> None:

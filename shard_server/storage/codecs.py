@@ -117,14 +117,18 @@ def decode_delivery(seq: int, data: bytes | memoryview) -> Delivery:
     return Delivery(seq, DeliveryState(state), sent_at, visible_at, count, first, last, epoch, token)
 
 
+def encode_sent(event: Sent, record: bytes) -> bytes:
+    """A Sent event around its already-encoded record (stores reuse the bytes)."""
+    return (
+        _SENT_HEAD.pack(TAG_SENT, event.record.seq, event.dedup_expires_at_ms, len(record))
+        + record
+        + encode_delivery(event.delivery)
+    )
+
+
 def encode_event(event: Event) -> bytes:
     if isinstance(event, Sent):
-        record = encode_record(event.record)
-        return (
-            _SENT_HEAD.pack(TAG_SENT, event.record.seq, event.dedup_expires_at_ms, len(record))
-            + record
-            + encode_delivery(event.delivery)
-        )
+        return encode_sent(event, encode_record(event.record))
     if isinstance(event, DeliveryChanged):
         reason = event.reason.encode()
         return (

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 import lmdb
 
-from shard_server.domain.events import Event, LogEntry
+from shard_server.domain.events import Event, LogEntry, Sent
 from shard_server.domain.messages import Delivery, DeliveryState, MessageRecord
 from shard_server.storage import keys
 from shard_server.storage.codecs import (
@@ -30,6 +30,7 @@ from shard_server.storage.codecs import (
     encode_entry,
     encode_event,
     encode_record,
+    encode_sent,
 )
 
 T = TypeVar("T")
@@ -149,6 +150,10 @@ class LmdbShardTransaction:
         self._log = dbs[keys.DB_LOG]
         self._events: list[bytes] = []
         self._last_seq: int | None = None
+        # Written once per transaction (flush_meta), not once per message.
+        self._last_seq_dirty = False
+        # Records encoded for their Sent event, reused by put_record: seq -> bytes.
+        self._encoded_records: dict[int, bytes] = {}
 
     # -- meta --------------------------------------------------------------
     def meta_int(self, name: bytes) -> int:
@@ -300,7 +305,10 @@ class LmdbShardTransaction:
 
     # -- writes --------------------------------------------------------------
     def put_record(self, record: MessageRecord) -> None:
-        self.txn.put(keys.seq_key(record.seq), encode_record(record), db=self._messages)
+        encoded = self._encoded_records.pop(record.seq, None)
+        if encoded is None:
+            encoded = encode_record(record)
+        self.txn.put(keys.seq_key(record.seq), encoded, db=self._messages)
 
     def delete_record(self, seq: int) -> None:
         self.txn.delete(keys.seq_key(seq), db=self._messages)
@@ -352,14 +360,25 @@ class LmdbShardTransaction:
 
     def set_last_seq(self, seq: int) -> None:
         self._last_seq = seq
-        self.txn.put(keys.META_LAST_SEQ, keys.U64.pack(seq), db=self._meta)
+        self._last_seq_dirty = True
+
+    def flush_meta(self) -> None:
+        """Write what was kept in memory during the transaction; before it commits."""
+        if self._last_seq_dirty and self._last_seq is not None:
+            self.txn.put(keys.META_LAST_SEQ, keys.U64.pack(self._last_seq), db=self._meta)
+            self._last_seq_dirty = False
 
     def clear_messages(self) -> None:
         for db in (self._messages, self._delivery, self._index, self._dead, self._groups):
             self.txn.drop(db, delete=False)
 
     def record_event(self, event: Event) -> None:
-        self._events.append(encode_event(event))
+        if isinstance(event, Sent):
+            encoded = encode_record(event.record)
+            self._encoded_records[event.record.seq] = encoded
+            self._events.append(encode_sent(event, encoded))
+        else:
+            self._events.append(encode_event(event))
 
     # -- the log ---------------------------------------------------------------
     def prune_log(self, *, before_ms: int, keep_after_index: int, limit: int) -> int:
@@ -381,6 +400,7 @@ class LmdbShardTransaction:
         return removed
 
     def write_log_entry(self, *, epoch: int, at_ms: int) -> int:
+        self.flush_meta()
         if not self._events:
             return 0
         index = self.last_index() + 1

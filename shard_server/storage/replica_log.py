@@ -70,6 +70,7 @@ def apply_committed(tx: LmdbShardTransaction, *, up_to: int, fifo: bool) -> int:
             apply_event(tx, event, fifo=fifo, now_ms=entry.at_ms)
         applied = entry.index
     _put_meta(tx, keys.META_APPLIED_INDEX, applied)
+    tx.flush_meta()
     return applied
 
 
