@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from shard_server.domain.messages import NewMessage, format_message_id
 from shard_server.domain.validation import validate_message, validate_send_batch
@@ -12,6 +13,8 @@ from shardq.api.v1 import queue_pb2
 from shardq.errors import Reason
 from shardq.queues import QueueConfig
 from shardq.receipts import encode_receipt
+
+Frame = TypeVar("Frame")
 
 
 def messages_from_proto(config: QueueConfig, messages: Sequence[queue_pb2.MessageToSend]) -> list[NewMessage]:
@@ -45,29 +48,55 @@ def send_response_to_proto(entries: Sequence[SendEntry]) -> queue_pb2.SendMessag
     return queue_pb2.SendMessagesResponse(results=results)
 
 
-def received_to_proto(received: Received) -> queue_pb2.ReceiveMessagesResponse:
-    messages = []
+def received_frames(
+    received: Received, max_batch: int, new_frame: Callable[[], tuple[Frame, queue_pb2.ReceiveMessagesResponse]]
+) -> list[Frame]:
+    """The received messages in frames of at most `max_batch` messages each.
+
+    `new_frame` returns a frame and the ReceiveMessagesResponse inside it to fill.
+    Messages are built in place (`add`): building them first and then passing
+    them to a response would copy every message again, on the drain's hot path.
+    """
+    frames: list[Frame] = []
+    frame, batch = new_frame()
     for shard, message in received.local:
+        if len(batch.messages) >= max_batch:
+            frames.append(frame)
+            frame, batch = new_frame()
         record = message.record
         delivery = message.delivery
-        messages.append(
-            queue_pb2.ReceivedMessage(
-                message_id=format_message_id(sent_at_ms=record.sent_at_ms, shard=shard.index, seq=record.seq),
-                body=record.body,
-                attributes=record.attributes,
-                group_id=record.group_id,
-                dedup_id=record.dedup_id,
-                receipt=encode_receipt(message.receipt),
-                receive_count=delivery.receive_count,
-                sent_at_ms=record.sent_at_ms,
-                first_received_at_ms=delivery.first_received_at_ms,
-                visible_until_ms=delivery.visible_at_ms,
-                shard=shard.index,
-                seq=record.seq,
-            )
+        batch.messages.add(
+            message_id=format_message_id(sent_at_ms=record.sent_at_ms, shard=shard.index, seq=record.seq),
+            body=record.body,
+            attributes=record.attributes,
+            group_id=record.group_id,
+            dedup_id=record.dedup_id,
+            receipt=encode_receipt(message.receipt),
+            receive_count=delivery.receive_count,
+            sent_at_ms=record.sent_at_ms,
+            first_received_at_ms=delivery.first_received_at_ms,
+            visible_until_ms=delivery.visible_at_ms,
+            shard=shard.index,
+            seq=record.seq,
         )
-    messages.extend(received.remote)
-    return queue_pb2.ReceiveMessagesResponse(messages=messages)
+    for forwarded in received.remote:  # claimed by another leader for this call
+        if len(batch.messages) >= max_batch:
+            frames.append(frame)
+            frame, batch = new_frame()
+        batch.messages.append(forwarded)
+    if batch.messages:
+        frames.append(frame)
+    return frames
+
+
+def _plain_frame() -> tuple[queue_pb2.ReceiveMessagesResponse, queue_pb2.ReceiveMessagesResponse]:
+    response = queue_pb2.ReceiveMessagesResponse()
+    return response, response
+
+
+def received_to_proto(received: Received) -> queue_pb2.ReceiveMessagesResponse:
+    frames = received_frames(received, max(len(received), 1), _plain_frame)
+    return frames[0] if frames else queue_pb2.ReceiveMessagesResponse()
 
 
 _OK = queue_pb2.EntryResult(ok=True)

@@ -26,6 +26,7 @@ from shard_server.service.converting import (
     config_to_proto,
     entry_results_to_proto,
     messages_from_proto,
+    received_frames,
     received_to_proto,
     send_response_to_proto,
 )
@@ -55,6 +56,11 @@ def _pinned_shard(request: queue_pb2.SendMessagesRequest | queue_pb2.ReceiveMess
     if request.shard >= shards:
         raise InvalidArgument("shard", f"the queue has {shards} shards")
     return request.shard
+
+
+def _consume_frame() -> tuple[queue_pb2.ConsumeResponse, queue_pb2.ReceiveMessagesResponse]:
+    response = queue_pb2.ConsumeResponse()
+    return response, response.messages
 
 
 def unary(
@@ -356,10 +362,8 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                     wait_ms=CONSUME_POLL_MS,
                 )
                 credits -= len(received)
-                messages = list(received_to_proto(received).messages)
-                for start in range(0, len(messages), max_batch):
-                    frame = queue_pb2.ReceiveMessagesResponse(messages=messages[start : start + max_batch])
-                    outgoing.put_nowait(queue_pb2.ConsumeResponse(messages=frame))
+                for frame in received_frames(received, max_batch, _consume_frame):
+                    outgoing.put_nowait(frame)
 
         reader = asyncio.create_task(read_requests())
         pusher = asyncio.create_task(push_messages())
