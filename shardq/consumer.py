@@ -26,7 +26,6 @@ class ConsumerStats:
     handled: int = 0
     failed: int = 0
     heartbeats: int = 0
-    returned_unhandled: int = 0
 
 
 async def _heartbeat(client: AsyncClient, queue: str, receipt: str, visibility_ms: int, stats: ConsumerStats) -> None:

@@ -17,6 +17,7 @@ from shard_server.runtime.committing import wall_clock_ms
 from shard_server.runtime.hosting import HostedQueue, HostedShard, QueueHost
 from shard_server.storage.lmdb_store import LmdbShardTransaction
 from shardq.errors import InvalidArgument
+from shardq.queues import QueueConfig
 from shardq.receipts import encode_receipt
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,23 @@ REDRIVE_BATCH = 100
 # Long enough that a redrive batch is never redelivered to another consumer
 # while it is being copied; released at once if the copy fails.
 REDRIVE_CLAIM_MS = 60_000
+
+
+def build_moved_copy(
+    *, body: bytes, attributes: dict[str, str], group_id: str, dedup_id: str, source: str, target: QueueConfig
+) -> NewMessage:
+    """A message moved to another queue (dead-lettering, redrive): visible at once,
+    remembering where it came from, deduplicated by an id derived from the original
+    so a retried move never makes two copies, and grouped by its source queue when
+    the target is FIFO and the message had no group."""
+    return NewMessage(
+        body=body,
+        attributes=attributes,
+        group_id=group_id or (source if target.fifo else ""),
+        dedup_id=dedup_id,
+        delay_ms=0,
+        source_queue=source,
+    )
 
 
 async def keep_shard_tidy(shard: HostedShard) -> None:
@@ -100,13 +118,13 @@ async def _move_shard_dead_letters(queue: HostedQueue, shard: HostedShard, targe
         if not present:
             return
         copies = [
-            NewMessage(
+            build_moved_copy(
                 body=record.body,
                 attributes=record.attributes,
-                group_id=record.group_id or (queue.config.name if target.config.fifo else ""),
+                group_id=record.group_id,
                 dedup_id="dlq:" + format_message_id(sent_at_ms=record.sent_at_ms, shard=shard.index, seq=record.seq),
-                delay_ms=0,
-                source_queue=queue.config.name,
+                source=queue.config.name,
+                target=target.config,
             )
             for record in present
         ]
@@ -161,13 +179,13 @@ async def redrive(
             for shard, message in claimed.local
         ] + [(m.body, dict(m.attributes), m.group_id, m.message_id, m.receipt) for m in claimed.remote]
         copies = [
-            NewMessage(
+            build_moved_copy(
                 body=body,
                 attributes=attributes,
-                group_id=group_id or (source if to_queue.config.fifo else ""),
+                group_id=group_id,
                 dedup_id=f"redrive:{source}:{message_id}",
-                delay_ms=0,
-                source_queue=source,
+                source=source,
+                target=to_queue.config,
             )
             for body, attributes, group_id, message_id, _ in taken
         ]

@@ -95,10 +95,6 @@ def decode_record(data: bytes | memoryview) -> MessageRecord:
     return MessageRecord(seq, sent_at, body, attributes, group, dedup, source)
 
 
-def record_body_size(data: bytes | memoryview) -> int:
-    return int(_RECORD_HEAD.unpack_from(data)[6])
-
-
 def encode_delivery(delivery: Delivery) -> bytes:
     return _DELIVERY.pack(
         delivery.state,

@@ -32,8 +32,6 @@ ALL_DBS = (
     DB_META,
     DB_LOG,
 )
-# Cleared together by a purge; dedup entries survive it, as SQS's do.
-MESSAGE_DBS = (DB_MESSAGES, DB_DELIVERY, DB_INDEX, DB_DEAD_LETTERS, DB_GROUPS)
 
 META_LAST_SEQ = b"last_seq"
 META_LAST_INDEX = b"last_index"

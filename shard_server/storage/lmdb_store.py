@@ -369,6 +369,7 @@ class LmdbShardTransaction:
             self._last_seq_dirty = False
 
     def clear_messages(self) -> None:
+        # Dedup entries survive a purge, as SQS's do.
         for db in (self._messages, self._delivery, self._index, self._dead, self._groups):
             self.txn.drop(db, delete=False)
 
