@@ -21,28 +21,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from shard_server.local.processes import is_cluster_server, process_is_alive
+from tests.integration.harness import wait_for
 
 T = TypeVar("T")
 
 START_DEADLINE_S = 60.0
 STOP_DEADLINE_S = 30.0
 STATUS_TIMEOUT_S = 20.0
-
-
-def poll(check: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.2) -> T:
-    """Call `check` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 def free_port_block(count: int) -> tuple[int, int]:
@@ -186,7 +175,7 @@ class LocalCluster:
         with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
             self.process = subprocess.Popen(command, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
         self.note(f"supervisor run {self.runs} started (pid {self.process.pid})")
-        poll(self._printed_servers, timeout=START_DEADLINE_S, what=f"server lines\n{self.output()}")
+        wait_for(self._printed_servers, timeout=START_DEADLINE_S, what=f"server lines\n{self.output()}")
         self.wait_healthy(what="cluster up")
 
     def _printed_servers(self) -> bool:
@@ -231,7 +220,7 @@ class LocalCluster:
         return status
 
     def wait_healthy(self, *, what: str, timeout: float = START_DEADLINE_S) -> ClusterStatus:
-        status = poll(self.healthy, timeout=timeout, what=f"{what}: a healthy cluster\n{self.output()}")
+        status = wait_for(self.healthy, timeout=timeout, what=f"{what}: a healthy cluster\n{self.output()}")
         self.note(f"healthy: {self.describe(status)}")
         return status
 
@@ -287,7 +276,7 @@ class LocalCluster:
                     os.kill(pid, signal.SIGCONT)
                     os.kill(pid, signal.SIGKILL)
         leftovers = [pid for pid in self.seen_server_pids if process_is_alive(pid)]
-        poll(
+        wait_for(
             lambda: (
                 not any(
                     is_cluster_server(pid, data_dir=self.data_dir, server_id=self.seen_server_pids[pid])

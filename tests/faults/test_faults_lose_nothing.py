@@ -15,9 +15,10 @@ import pytest
 
 from shard_server.local.processes import process_is_alive
 from tests.faults.checking import QueueSpec, check_history, format_violations
-from tests.faults.cluster import ClusterStatus, LocalCluster, poll
+from tests.faults.cluster import ClusterStatus, LocalCluster
 from tests.faults.history import History, Send, StoredMessage, dump_history
 from tests.faults.workload import Workload, WorkloadConfig, read_stored
+from tests.integration.harness import wait_for
 
 QUEUES = ("orders:shards=4,replicas=3", "fifo:fifo=true,shards=2,replicas=3")
 CHECKED = (QueueSpec("orders"), QueueSpec("fifo", fifo=True))
@@ -38,7 +39,7 @@ def cluster(tmp_path: pathlib.Path) -> Iterator[LocalCluster]:
 
 def wait_for_progress(cluster: LocalCluster, workload: Workload, *, after: str) -> None:
     start = workload.ok_operations()
-    poll(
+    wait_for(
         lambda: workload.ok_operations() >= start + PROGRESS_AFTER_FAULT,
         timeout=FAILOVER_DEADLINE_S,
         what=f"{PROGRESS_AFTER_FAULT} acknowledged operations after {after}\n{cluster.timeline()}\n{cluster.output()}",
@@ -61,7 +62,7 @@ def kill_a_leader(cluster: LocalCluster, rng: random.Random) -> None:
     victim = rng.choice(sorted({shard.leader for shard in before.shards.values()}))
     pid = before.servers[victim].pid
     cluster.signal_server(victim, pid, signal.SIGKILL)
-    poll(
+    wait_for(
         lambda: failed_over(cluster, before, victim),
         timeout=FAILOVER_DEADLINE_S,
         what=f"failover from the killed {victim}\n{cluster.timeline()}\n{cluster.output()}",
@@ -77,7 +78,7 @@ def pause_a_leader(cluster: LocalCluster, rng: random.Random) -> None:
     pid = before.servers[victim].pid
     cluster.signal_server(victim, pid, signal.SIGSTOP)
     try:
-        poll(
+        wait_for(
             lambda: failed_over(cluster, before, victim),
             timeout=FAILOVER_DEADLINE_S,
             what=f"failover from the paused {victim}\n{cluster.timeline()}\n{cluster.output()}",
@@ -99,7 +100,7 @@ def kill_a_follower_and_bring_it_back_empty(cluster: LocalCluster, rng: random.R
     cluster.pause_supervisor()
     try:
         cluster.signal_server(victim, pid, signal.SIGKILL)
-        poll(lambda: not process_is_alive(pid), timeout=10, what=f"{victim} (pid {pid}) to die")
+        wait_for(lambda: not process_is_alive(pid), timeout=10, what=f"{victim} (pid {pid}) to die")
         cluster.wipe_server_data(victim)
     finally:
         cluster.resume_supervisor()
@@ -111,7 +112,7 @@ def kill_a_follower_and_bring_it_back_empty(cluster: LocalCluster, rng: random.R
         replicated = [s for s in status.shards.values() if victim in s.replicas]
         return status if all(victim in s.isr for s in replicated) else None
 
-    status = poll(
+    status = wait_for(
         rejoined,
         timeout=REJOIN_DEADLINE_S,
         what=f"the emptied {victim} back in every ISR it belongs to\n{cluster.timeline()}\n{cluster.output()}",
