@@ -237,7 +237,11 @@ class AsyncClient:
     ) -> Any:
         """Call a leader directly; if it is not the leader (nothing was written), refresh
         the map and let the endpoint (which forwards) answer instead. An unreachable
-        leader may have applied the call, so only idempotent calls are retried then."""
+        leader may have applied the call, so only calls whose repeat gives the same
+        answer are retried then: a send with dedup ids answers with the original id,
+        a receive only delays what it claimed. A repeated delete would answer
+        MESSAGE_NOT_FOUND for a delete that succeeded, so receipt operations raise
+        instead (the outcome is unknown to the caller)."""
         try:
             return await self._unary(getattr(self._leader_stub(address), method), request, queue=queue, timeout=timeout)
         except NotLeader:
@@ -398,7 +402,7 @@ class AsyncClient:
         async def call(address: str, chunk: list[str]) -> list[EntryResult]:
             request = queue_pb2.DeleteMessagesRequest(queue=queue, receipts=chunk)
             return entry_results_from_proto(
-                (await self._routed(queue, address, "DeleteMessages", request, idempotent=True)).results
+                (await self._routed(queue, address, "DeleteMessages", request, idempotent=False)).results
             )
 
         return await self._by_receipt(queue, receipts, list(receipts), call)
@@ -410,7 +414,7 @@ class AsyncClient:
                 changes=[queue_pb2.VisibilityChange(receipt=r, visibility_timeout_ms=t) for r, t in chunk],
             )
             return entry_results_from_proto(
-                (await self._routed(queue, address, "ChangeVisibility", request, idempotent=True)).results
+                (await self._routed(queue, address, "ChangeVisibility", request, idempotent=False)).results
             )
 
         return await self._by_receipt(queue, [r for r, _ in changes], list(changes), call)
@@ -419,7 +423,7 @@ class AsyncClient:
         async def call(address: str, chunk: list[str]) -> list[EntryResult]:
             request = queue_pb2.ReleaseMessagesRequest(queue=queue, receipts=chunk)
             return entry_results_from_proto(
-                (await self._routed(queue, address, "ReleaseMessages", request, idempotent=True)).results
+                (await self._routed(queue, address, "ReleaseMessages", request, idempotent=False)).results
             )
 
         return await self._by_receipt(queue, receipts, list(receipts), call)
