@@ -39,6 +39,13 @@ def load_queue_file(path: pathlib.Path) -> list[QueueConfig]:
 @click.option("--queue", "queue_specs", multiple=True, help="name[:shards=4,fifo=true,visibility=30s,...]")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=pathlib.Path))
 @click.option("--map-size", default="64GiB", show_default=True, help="LMDB map size per shard")
+@click.option(
+    "--writer-threads",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="threads running the shards' write transactions; raise it when fsync is slow (network disks)",
+)
 @click.option("--log-format", type=click.Choice(["json", "text"]), default="json", show_default=True)
 @click.option(
     "--cluster-file",
@@ -55,6 +62,7 @@ def serve_command(
     queue_specs: tuple[str, ...],
     config_file: pathlib.Path | None,
     map_size: str,
+    writer_threads: int,
     log_format: str,
     cluster_file: pathlib.Path | None,
     server_id: str,
@@ -84,6 +92,7 @@ def serve_command(
         port=port,
         metrics_port=metrics_port,
         map_size=size,
+        writer_threads=writer_threads,
         cluster=cluster,
         server_id=server_id,
         lease_store=lease_store,

@@ -52,6 +52,8 @@ class ServerSettings:
     port: int = 7600
     metrics_port: int | None = None
     map_size: int = DEFAULT_MAP_SIZE
+    # Threads running write transactions, shared by all shards (see WriterThreads).
+    writer_threads: int = 1
     # Cluster mode: this server's id in the cluster file, and the lease store.
     cluster: ClusterFile | None = None
     server_id: str = ""
@@ -79,6 +81,7 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         settings.data_dir,
         settings.queues,
         map_size=settings.map_size,
+        writer_threads=settings.writer_threads,
         cluster=settings.cluster,
         server_id=settings.server_id,
         router=router,

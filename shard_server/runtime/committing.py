@@ -1,7 +1,10 @@
 """Group commit: many requests, one write transaction, one fsync.
 
-Requests for a shard queue up while the previous batch commits; the writer
-thread then runs every queued request in one transaction. Answers go out after
+Requests for a shard queue up while the previous batch commits; the shard's
+writer thread then runs every queued request in one transaction. Shards share
+writer threads (WriterThreads): every thread running Python code competes for
+the one GIL, and with a thread per shard that contention cost more than the
+parallel fsyncs gained (see bench/README.md). Answers go out after
 the commit, except receives, which may answer as soon as their claims are
 decided (DESIGN §5: a lost claim only means a redelivery, and the receipt of a
 lost claim is rejected because the next claim carries a newer epoch or token).
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -48,13 +52,39 @@ class CommitReport:
     epoch: int
 
 
+class WriterThreads:
+    """The threads that run write transactions, shared by every shard of a server.
+
+    A shard stays on one thread for its whole life: LMDB write transactions
+    belong to the thread that began them, and a shard's batches and exclusive
+    work (follower appends, snapshots) must run in order. Several threads only
+    pay off when fsync is slow enough (network disks) to overlap usefully.
+    """
+
+    def __init__(self, count: int = 1) -> None:
+        if count < 1:
+            raise ValueError(f"writer threads must be at least 1, got {count}")
+        self._threads = [
+            concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"writer-{i}") for i in range(count)
+        ]
+        self._next = itertools.count()
+
+    def assign(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The thread for a new shard (round robin)."""
+        return self._threads[next(self._next) % len(self._threads)]
+
+    def shutdown(self) -> None:
+        for thread in self._threads:
+            thread.shutdown(wait=True)
+
+
 class GroupCommitter:
     def __init__(
         self,
         environment: ShardEnvironment,
         context: Callable[[], ShardContext],
         *,
-        name: str,
+        thread: concurrent.futures.ThreadPoolExecutor,
         on_commit: Callable[[CommitReport], None],
         replicated: Callable[[int, int], Awaitable[None]] | None = None,
         clock_ms: Callable[[], int] = wall_clock_ms,
@@ -66,14 +96,17 @@ class GroupCommitter:
         self._context = context
         self._on_commit = on_commit
         self._clock_ms = clock_ms
-        # LMDB write transactions belong to their thread: one thread per shard.
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        # This shard's writer thread (shared with other shards, see WriterThreads).
+        self._executor = thread
         self._pending: list[_Request[Any]] = []
         self._busy = False
         self._closed = False
         self._idle = asyncio.Event()
         self._idle.set()
         self._last_now_ms = 0
+        # Exclusive work still on the writer thread: close() waits for it, since
+        # the thread outlives this shard's environment.
+        self._exclusive: set[asyncio.Future[Any]] = set()
 
     async def submit(self, work: Work[T], *, answer_before_commit: bool = False) -> T:
         if self._closed:
@@ -160,14 +193,18 @@ class GroupCommitter:
     async def run_exclusive(self, work: Callable[[], T]) -> T:
         """Run `work` on the writer thread, between batches (follower appends, snapshots)."""
         loop = asyncio.get_running_loop()
-        return await asyncio.wrap_future(self._executor.submit(work), loop=loop)
+        running = asyncio.wrap_future(self._executor.submit(work), loop=loop)
+        self._exclusive.add(running)
+        running.add_done_callback(self._exclusive.discard)
+        return await running
 
     async def close(self) -> None:
         """Stop taking requests and finish every commit already queued."""
         self._closed = True
         while self._busy or self._pending:
             await self._idle.wait()
-        self._executor.shutdown(wait=True)
+        if self._exclusive:
+            await asyncio.wait(set(self._exclusive))
 
 
 def _resolve_all(outcomes: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:

@@ -28,7 +28,7 @@ from shard_server.domain.context import ShardContext
 from shard_server.domain.messages import NewMessage
 from shard_server.domain.receiving import ClaimedMessage
 from shard_server.domain.routing import choose_shard
-from shard_server.runtime.committing import CommitReport, GroupCommitter, wall_clock_ms
+from shard_server.runtime.committing import CommitReport, GroupCommitter, WriterThreads, wall_clock_ms
 from shard_server.runtime.forwarding import FORWARDED, Router
 from shard_server.storage.lmdb_store import (
     DEFAULT_MAP_SIZE,
@@ -77,7 +77,14 @@ class SendEntry:
 
 class HostedShard:
     def __init__(
-        self, queue: HostedQueue, index: int, environment: ShardEnvironment, epoch: int, *, replicated: bool
+        self,
+        queue: HostedQueue,
+        index: int,
+        environment: ShardEnvironment,
+        epoch: int,
+        *,
+        replicated: bool,
+        writers: WriterThreads,
     ) -> None:
         self.queue = queue
         self.index = index
@@ -104,7 +111,7 @@ class HostedShard:
         self.committer = GroupCommitter(
             environment,
             self.context,
-            name=f"{queue.config.name}-{index}",
+            thread=writers.assign(),
             on_commit=self._on_commit,
             replicated=self._wait_replicated if replicated else None,
         )
@@ -177,6 +184,7 @@ class HostedQueue:
         directory: pathlib.Path,
         *,
         map_size: int,
+        writers: WriterThreads,
         local_shards: Sequence[int] | None = None,
         router: Router | None = None,
     ) -> None:
@@ -208,7 +216,9 @@ class HostedQueue:
                 environment.set_epoch(epoch)
             else:
                 epoch = environment.epoch()  # raised by the lease when this replica leads
-            self.shards.append(HostedShard(self, index, environment, epoch, replicated=router is not None))
+            self.shards.append(
+                HostedShard(self, index, environment, epoch, replicated=router is not None, writers=writers)
+            )
         self.by_index = {shard.index: shard for shard in self.shards}
 
     def open_environment(self, index: int) -> ShardEnvironment:
@@ -636,6 +646,7 @@ class QueueHost:
         configs: Iterable[QueueConfig],
         *,
         map_size: int = DEFAULT_MAP_SIZE,
+        writer_threads: int = 1,
         cluster: ClusterFile | None = None,
         server_id: str = "",
         router: Router | None = None,
@@ -648,6 +659,7 @@ class QueueHost:
         # by the server once bound.
         self.advertised_address = ""
         self.queues: dict[str, HostedQueue] = {}
+        self.writers = WriterThreads(writer_threads)
         for config in configs:
             if config.name in self.queues:
                 raise ValueError(f"queue {config.name!r} is configured twice")
@@ -655,7 +667,12 @@ class QueueHost:
             if cluster is not None:
                 local = [i for i, replicas in enumerate(cluster.placement[config.name]) if server_id in replicas]
             self.queues[config.name] = HostedQueue(
-                config, data_dir / "queues" / config.name, map_size=map_size, local_shards=local, router=router
+                config,
+                data_dir / "queues" / config.name,
+                map_size=map_size,
+                writers=self.writers,
+                local_shards=local,
+                router=router,
             )
         for queue in self.queues.values():
             dead_letter_queue = queue.config.dead_letter_queue
@@ -688,3 +705,4 @@ class QueueHost:
     async def close(self) -> None:
         for queue in self.queues.values():
             await queue.close()
+        self.writers.shutdown()
