@@ -29,7 +29,7 @@ class RemovalKind(enum.IntEnum):
     DEAD_LETTER_DELIVERED = 3
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)  # not frozen: built per message, and frozen ones cost ~4x to build
 class Sent:
     record: MessageRecord
     delivery: Delivery
@@ -37,14 +37,14 @@ class Sent:
     dedup_expires_at_ms: int
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)  # not frozen: built per message, and frozen ones cost ~4x to build
 class DeliveryChanged:
     kind: ChangeKind
     delivery: Delivery
     reason: str = ""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)  # not frozen: built per message, and frozen ones cost ~4x to build
 class Removed:
     kind: RemovalKind
     seq: int

@@ -19,7 +19,7 @@ class DeliveryState(enum.IntEnum):
     DEAD_LETTER_PENDING = 3
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)  # not frozen: built per message, and frozen ones cost ~4x to build
 class MessageRecord:
     seq: int
     sent_at_ms: int
@@ -31,7 +31,7 @@ class MessageRecord:
     source_queue: str = ""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)  # not frozen: built per message, and frozen ones cost ~4x to build
 class Delivery:
     seq: int
     state: DeliveryState
@@ -48,7 +48,7 @@ class Delivery:
         return self.state in (DeliveryState.READY, DeliveryState.CLAIMED)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)  # not frozen: built per message, and frozen ones cost ~4x to build
 class NewMessage:
     """A validated message to store; delay already resolved against the queue default."""
 

@@ -19,7 +19,7 @@ from shardq.receipts import Receipt
 DEAD_LETTER_REASON_MAX_RECEIVES = "max_receive_count"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)  # not frozen: built per message, and frozen ones cost ~4x to build
 class ClaimedMessage:
     record: MessageRecord
     delivery: Delivery

@@ -34,21 +34,23 @@ def _message_problem(
     config: QueueConfig, body: bytes, attributes: Mapping[str, str], group_id: str, dedup_id: str, delay: int
 ) -> tuple[str, str] | None:
     """(field suffix, what is wrong) for the first problem, or None."""
-    if len(attributes) > MAX_ATTRIBUTES:
-        return "attributes", f"at most {MAX_ATTRIBUTES} attributes, got {len(attributes)}"
     attribute_bytes = 0
-    for key, value in attributes.items():
-        if not key or len(key) > MAX_ATTRIBUTE_KEY_CHARS:
-            return "attributes", f"keys must be 1..{MAX_ATTRIBUTE_KEY_CHARS} characters"
-        attribute_bytes += len(key.encode()) + len(value.encode())
-    if attribute_bytes > MAX_ATTRIBUTES_BYTES:
-        return "attributes", f"at most {MAX_ATTRIBUTES_BYTES} bytes in all"
+    if attributes:  # most messages have none: skip the per-key work (hot path)
+        if len(attributes) > MAX_ATTRIBUTES:
+            return "attributes", f"at most {MAX_ATTRIBUTES} attributes, got {len(attributes)}"
+        for key, value in attributes.items():
+            if not key or len(key) > MAX_ATTRIBUTE_KEY_CHARS:
+                return "attributes", f"keys must be 1..{MAX_ATTRIBUTE_KEY_CHARS} characters"
+            attribute_bytes += len(key.encode()) + len(value.encode())
+        if attribute_bytes > MAX_ATTRIBUTES_BYTES:
+            return "attributes", f"at most {MAX_ATTRIBUTES_BYTES} bytes in all"
     size = len(body) + attribute_bytes
     if size > config.max_message_bytes:
         return "body", f"message is {size} bytes with attributes; the queue allows {config.max_message_bytes}"
-    problem = _id_problem("group_id", group_id) or _id_problem("dedup_id", dedup_id)
-    if problem is not None:
-        return problem
+    if group_id or dedup_id:
+        problem = _id_problem("group_id", group_id) or _id_problem("dedup_id", dedup_id)
+        if problem is not None:
+            return problem
     if config.fifo and not group_id:
         return "group_id", "required on a FIFO queue"
     if not 0 <= delay <= config.retention_ms:
@@ -71,7 +73,7 @@ def validate_message(
     problem = _message_problem(config, body, attributes, group_id, dedup_id, delay)
     if problem is not None:
         raise InvalidArgument(f"messages[{index}].{problem[0]}", problem[1])
-    return NewMessage(body=body, attributes=dict(attributes), group_id=group_id, dedup_id=dedup_id, delay_ms=delay)
+    return NewMessage(body, dict(attributes) if attributes else {}, group_id, dedup_id, delay)
 
 
 def validate_batch_size(field: str, count: int, limit: int) -> None:

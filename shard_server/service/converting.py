@@ -19,33 +19,33 @@ Frame = TypeVar("Frame")
 
 def messages_from_proto(config: QueueConfig, messages: Sequence[queue_pb2.MessageToSend]) -> list[NewMessage]:
     validate_send_batch(len(messages), sum(len(m.body) for m in messages))
-    return [
-        validate_message(
-            config,
-            index=index,
-            body=message.body,
-            attributes=message.attributes,
-            group_id=message.group_id,
-            dedup_id=message.dedup_id,
-            delay_ms=message.delay_ms if message.HasField("delay_ms") else None,
+    validated = []
+    for index, message in enumerate(messages):
+        validated.append(
+            validate_message(
+                config,
+                index=index,
+                body=message.body,
+                attributes=message.attributes,
+                group_id=message.group_id,
+                dedup_id=message.dedup_id,
+                delay_ms=message.delay_ms if message.HasField("delay_ms") else None,
+            )
         )
-        for index, message in enumerate(messages)
-    ]
+    return validated
 
 
 def send_response_to_proto(entries: Sequence[SendEntry]) -> queue_pb2.SendMessagesResponse:
-    results = []
+    response = queue_pb2.SendMessagesResponse()
+    results = response.results
     for entry in entries:
+        # Built in place: constructing each result first would copy it again.
         if entry.error is None:
-            results.append(
-                queue_pb2.SendResult(
-                    message_id=entry.message_id, duplicate=entry.duplicate, shard=entry.shard, seq=entry.seq
-                )
-            )
+            results.add(message_id=entry.message_id, duplicate=entry.duplicate, shard=entry.shard, seq=entry.seq)
         else:
             error = queue_pb2.EntryError(reason=entry.error.reason.value, message=entry.error.message)
-            results.append(queue_pb2.SendResult(shard=entry.shard, error=error))
-    return queue_pb2.SendMessagesResponse(results=results)
+            results.add(shard=entry.shard, error=error)
+    return response
 
 
 def received_frames(

@@ -44,7 +44,15 @@ class CorruptEntry(ValueError):
     pass
 
 
+# DeliveryState by its stored number.
+_STATES = tuple(sorted(DeliveryState, key=int))
+assert [int(state) for state in _STATES] == list(range(len(_STATES)))
+
+
 def encode_record(record: MessageRecord) -> bytes:
+    if not (record.attributes or record.group_id or record.dedup_id or record.source_queue):
+        # The common message: one header and the body (hot path).
+        return _RECORD_HEAD.pack(record.seq, record.sent_at_ms, 0, 0, 0, 0, len(record.body)) + record.body
     group = record.group_id.encode()
     dedup = record.dedup_id.encode()
     source = record.source_queue.encode()
@@ -72,9 +80,14 @@ def encode_record(record: MessageRecord) -> bytes:
 
 
 def decode_record(data: bytes | memoryview) -> MessageRecord:
-    raw = bytes(data)
+    raw = data if isinstance(data, bytes) else bytes(data)
     seq, sent_at, group_len, dedup_len, source_len, attribute_count, body_len = _RECORD_HEAD.unpack_from(raw)
     position = _RECORD_HEAD.size
+    if not (group_len or dedup_len or source_len or attribute_count):
+        body = raw[position:]  # the common message: nothing but the body (hot path)
+        if len(body) != body_len:
+            raise CorruptEntry(f"record {seq}: body length {len(body)}, header says {body_len}")
+        return MessageRecord(seq, sent_at, body, {}, "", "", "")
     group = raw[position : position + group_len].decode()
     position += group_len
     dedup = raw[position : position + dedup_len].decode()
@@ -110,28 +123,31 @@ def encode_delivery(delivery: Delivery) -> bytes:
 
 def decode_delivery(seq: int, data: bytes | memoryview) -> Delivery:
     state, count, sent_at, visible_at, first, last, epoch, token = _DELIVERY.unpack(data)
-    return Delivery(seq, DeliveryState(state), sent_at, visible_at, count, first, last, epoch, token)
+    try:
+        known = _STATES[state]  # a tuple lookup: DeliveryState(state) costs 5x more
+    except IndexError:
+        raise CorruptEntry(f"message {seq}: unknown delivery state {state}") from None
+    return Delivery(seq, known, sent_at, visible_at, count, first, last, epoch, token)
 
 
-def encode_sent(event: Sent, record: bytes) -> bytes:
-    """A Sent event around its already-encoded record (stores reuse the bytes)."""
-    return (
-        _SENT_HEAD.pack(TAG_SENT, event.record.seq, event.dedup_expires_at_ms, len(record))
-        + record
-        + encode_delivery(event.delivery)
+def encode_sent(event: Sent, record: bytes, delivery: bytes) -> bytes:
+    """A Sent event around its already-encoded record and delivery (stores reuse the bytes)."""
+    return b"".join(
+        (_SENT_HEAD.pack(TAG_SENT, event.record.seq, event.dedup_expires_at_ms, len(record)), record, delivery)
     )
+
+
+def encode_delivery_changed(event: DeliveryChanged, delivery: bytes) -> bytes:
+    """A DeliveryChanged event around its already-encoded delivery (stores reuse the bytes)."""
+    reason = event.reason.encode()
+    return b"".join((_CHANGED_HEAD.pack(TAG_CHANGED, event.kind, event.delivery.seq, len(reason)), reason, delivery))
 
 
 def encode_event(event: Event) -> bytes:
     if isinstance(event, Sent):
-        return encode_sent(event, encode_record(event.record))
+        return encode_sent(event, encode_record(event.record), encode_delivery(event.delivery))
     if isinstance(event, DeliveryChanged):
-        reason = event.reason.encode()
-        return (
-            _CHANGED_HEAD.pack(TAG_CHANGED, event.kind, event.delivery.seq, len(reason))
-            + reason
-            + encode_delivery(event.delivery)
-        )
+        return encode_delivery_changed(event, encode_delivery(event.delivery))
     if isinstance(event, Removed):
         return _REMOVED.pack(TAG_REMOVED, event.kind, event.seq, event.sent_at_ms)
     if isinstance(event, Purged):

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 import lmdb
 
-from shard_server.domain.events import Event, LogEntry, Sent
+from shard_server.domain.events import DeliveryChanged, Event, LogEntry, Sent
 from shard_server.domain.messages import Delivery, DeliveryState, MessageRecord
 from shard_server.storage import keys
 from shard_server.storage.codecs import (
@@ -27,6 +27,7 @@ from shard_server.storage.codecs import (
     decode_entry_head,
     decode_record,
     encode_delivery,
+    encode_delivery_changed,
     encode_entry,
     encode_event,
     encode_record,
@@ -152,8 +153,11 @@ class LmdbShardTransaction:
         self._last_seq: int | None = None
         # Written once per transaction (flush_meta), not once per message.
         self._last_seq_dirty = False
-        # Records encoded for their Sent event, reused by put_record: seq -> bytes.
+        # Encoded for their event, reused when the event is applied: records by seq,
+        # and deliveries by seq with the very object encoded (applying may
+        # substitute another state, e.g. a FIFO message waiting behind its group).
         self._encoded_records: dict[int, bytes] = {}
+        self._encoded_deliveries: dict[int, tuple[Delivery, bytes]] = {}
 
     # -- meta --------------------------------------------------------------
     def meta_int(self, name: bytes) -> int:
@@ -323,7 +327,9 @@ class LmdbShardTransaction:
         if previous is not None:
             self._unlink(previous)
         seq = keys.seq_key(delivery.seq)
-        self.txn.put(seq, encode_delivery(delivery), db=self._delivery)
+        cached = self._encoded_deliveries.pop(delivery.seq, None)
+        encoded = cached[1] if cached is not None and cached[0] is delivery else encode_delivery(delivery)
+        self.txn.put(seq, encoded, db=self._delivery)
         if delivery.indexed:
             marker = _INDEX_CLAIMED if delivery.state == DeliveryState.CLAIMED else _INDEX_READY
             self.txn.put(keys.index_key(delivery.visible_at_ms, delivery.seq), marker, db=self._index)
@@ -375,9 +381,15 @@ class LmdbShardTransaction:
 
     def record_event(self, event: Event) -> None:
         if isinstance(event, Sent):
-            encoded = encode_record(event.record)
-            self._encoded_records[event.record.seq] = encoded
-            self._events.append(encode_sent(event, encoded))
+            record = encode_record(event.record)
+            delivery = encode_delivery(event.delivery)
+            self._encoded_records[event.record.seq] = record
+            self._encoded_deliveries[event.record.seq] = (event.delivery, delivery)
+            self._events.append(encode_sent(event, record, delivery))
+        elif isinstance(event, DeliveryChanged):
+            delivery = encode_delivery(event.delivery)
+            self._encoded_deliveries[event.delivery.seq] = (event.delivery, delivery)
+            self._events.append(encode_delivery_changed(event, delivery))
         else:
             self._events.append(encode_event(event))
 

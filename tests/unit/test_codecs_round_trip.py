@@ -8,7 +8,17 @@ from hypothesis import strategies as st
 
 from shard_server.domain.events import ChangeKind, DeliveryChanged, LogEntry, Purged, RemovalKind, Removed, Sent
 from shard_server.domain.messages import Delivery, DeliveryState, MessageRecord, format_message_id, parse_message_id
-from shard_server.storage.codecs import CorruptEntry, decode_entry, decode_event, encode_entry, encode_event
+from shard_server.storage.codecs import (
+    CorruptEntry,
+    decode_delivery,
+    decode_entry,
+    decode_event,
+    decode_record,
+    encode_delivery,
+    encode_entry,
+    encode_event,
+    encode_record,
+)
 from shardq.receipts import MalformedReceipt, Receipt, decode_receipt, encode_receipt
 
 text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=20)
@@ -47,6 +57,31 @@ def test_sent_event_round_trips(record: MessageRecord, delivery: Delivery, expir
 def test_delivery_change_round_trips(delivery: Delivery, reason: str, kind: ChangeKind) -> None:
     event = DeliveryChanged(kind, delivery, reason)
     assert decode_event(encode_event(event)) == event
+
+
+@given(st.integers(1, 2**63), st.integers(0, 2**62), st.binary(max_size=300))
+def test_plain_record_round_trips_through_the_short_path(seq: int, sent_at: int, body: bytes) -> None:
+    # No attributes or ids: encode and decode take their short path, whose bytes
+    # must be exactly the general layout's.
+    record = MessageRecord(seq, sent_at, body, {}, "", "", "")
+    general = encode_record(MessageRecord(seq, sent_at, body, {"k": "v"}, "", "", ""))
+    encoded = encode_record(record)
+    assert decode_record(encoded) == record
+    assert encoded[:10] == general[:10]  # same seq and sent_at header fields
+    assert decode_record(memoryview(encoded)) == record
+
+
+def test_truncated_plain_record_is_refused() -> None:
+    encoded = encode_record(MessageRecord(1, 2, b"body", {}, "", "", ""))
+    with pytest.raises(CorruptEntry, match="body"):
+        decode_record(encoded[:-1])
+
+
+def test_unknown_delivery_state_is_refused() -> None:
+    encoded = bytearray(encode_delivery(Delivery(7, DeliveryState.READY, 1, 1)))
+    encoded[0] = 99
+    with pytest.raises(CorruptEntry, match="delivery state 99"):
+        decode_delivery(7, bytes(encoded))
 
 
 def test_log_entry_round_trips() -> None:
