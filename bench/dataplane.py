@@ -82,7 +82,9 @@ class PhaseSpec:
     payload_bytes: int
     seed: int
     receive_wait_ms: int = 0
-    credits: int = 100
+    credits: int = 400
+    # Messages per frame the server pushes on a consumer stream (ConsumeStart.max_batch).
+    stream_frame: int = 100
 
 
 # -- measurement ----------------------------------------------------------------------
@@ -315,7 +317,9 @@ async def run_drain_phase(spec: PhaseSpec) -> dict[str, Any]:
         # Bounded by the credits, so credits bound unacknowledged messages too: an
         # unbounded inbox let slow (replicated) deletes fall behind the visibility timeout.
         inbox: asyncio.Queue[ReceivedMessage] = asyncio.Queue(maxsize=spec.credits)
-        async with client.consume(spec.queue, credits=spec.credits, max_batch=MAX_RECEIVE_BATCH) as stream:
+        # The consumer code sees one message at a time and deletes up to 10 per call;
+        # how many messages share a frame on the wire is the stream's business.
+        async with client.consume(spec.queue, credits=spec.credits, max_batch=spec.stream_frame) as stream:
 
             async def pump() -> None:
                 async for message in stream.messages():
@@ -560,6 +564,7 @@ def phase_plan(args: argparse.Namespace, server: Server, queue: str) -> Iterator
                     batch_size=MAX_RECEIVE_BATCH,
                     window=args.stream_delete_window,
                     credits=args.credits,
+                    stream_frame=args.stream_frame,
                     **common,
                 ),
             )
@@ -669,6 +674,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             },
             "receive_wait_ms": args.receive_wait_ms,
             "stream_credits": args.credits,
+            "stream_frame_messages": args.stream_frame,
+            "stream_delete_batch": MAX_RECEIVE_BATCH,
             "max_seconds_per_phase": args.max_seconds,
             "server_profiled": args.profile,
         },
@@ -728,7 +735,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--receive-window", type=int, default=1, help="receive+delete loops per unary consumer")
     parser.add_argument("--receive-wait-ms", type=int, default=0, help="long-poll wait of unary receives")
     parser.add_argument("--stream-delete-window", type=int, default=4, help="deletes in flight per stream consumer")
-    parser.add_argument("--credits", type=int, default=100, help="credits per consumer stream")
+    parser.add_argument("--credits", type=int, default=400, help="credits per consumer stream (the client's default)")
+    parser.add_argument("--stream-frame", type=int, default=100, help="messages per consumer-stream frame (max_batch)")
     parser.add_argument("--queue-options", default="shards=4", help="queue spec after 'bench:' for shardq serve")
     parser.add_argument("--max-seconds", type=float, default=120.0, help="time limit per phase")
     parser.add_argument("--seed", type=int, default=1)

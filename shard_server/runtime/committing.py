@@ -17,6 +17,7 @@ import concurrent.futures
 import dataclasses
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
@@ -40,6 +41,16 @@ class _Request(Generic[T]):
     work: Work[T]
     future: asyncio.Future[T]
     answer_before_commit: bool
+
+
+@dataclasses.dataclass(slots=True)
+class _Batch:
+    """What the writer thread did with one batch: outcomes and report, or the error."""
+
+    requests: list[_Request[Any]]
+    outcomes: list[tuple[bool, Any]]
+    report: CommitReport | None
+    error: Exception | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -98,7 +109,10 @@ class GroupCommitter:
         self._clock_ms = clock_ms
         # This shard's writer thread (shared with other shards, see WriterThreads).
         self._executor = thread
+        # Appended on the event loop, taken whole by the writer thread.
         self._pending: list[_Request[Any]] = []
+        self._pending_lock = threading.Lock()
+        # A batch is queued or running on the writer thread (event loop only).
         self._busy = False
         self._closed = False
         self._idle = asyncio.Event()
@@ -109,23 +123,42 @@ class GroupCommitter:
         self._exclusive: set[asyncio.Future[Any]] = set()
 
     async def submit(self, work: Work[T], *, answer_before_commit: bool = False) -> T:
+        return await self.enqueue(work, answer_before_commit=answer_before_commit)
+
+    def enqueue(self, work: Work[T], *, answer_before_commit: bool = False) -> asyncio.Future[T]:
+        """Queue `work` for the next batch; the future holds its outcome.
+
+        For callers feeding several shards at once: awaiting futures together
+        costs no task per shard, as awaiting several submit() calls would.
+        """
         if self._closed:
             raise ShardqError(Reason.SHUTTING_DOWN, "the server is shutting down")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._pending.append(_Request(work, future, answer_before_commit))
+        with self._pending_lock:
+            self._pending.append(_Request(work, future, answer_before_commit))
         if not self._busy:
             self._start_batch(loop)
-        return await future
+        return future
 
     def _start_batch(self, loop: asyncio.AbstractEventLoop) -> None:
-        batch, self._pending = self._pending, []
         self._busy = True
         self._idle.clear()
-        done = self._executor.submit(self._run_batch, loop, batch)
-        done.add_done_callback(lambda finished: loop.call_soon_threadsafe(self._finish_batch, loop, batch, finished))
+        done = self._executor.submit(self._run_batch, loop)
+        done.add_done_callback(lambda finished: loop.call_soon_threadsafe(self._finish_batch, loop, finished))
 
-    def _run_batch(
+    def _run_batch(self, loop: asyncio.AbstractEventLoop) -> _Batch:
+        # The batch is formed when the writer thread gets to it, not when it was
+        # queued: the thread is shared, and everything that arrived while other
+        # shards were committing joins this one transaction and fsync.
+        with self._pending_lock:
+            batch, self._pending = self._pending, []
+        try:
+            return _Batch(batch, *self._commit(loop, batch))
+        except Exception as error:  # answered on the event loop, request by request
+            return _Batch(batch, [], None, error)
+
+    def _commit(
         self, loop: asyncio.AbstractEventLoop, batch: list[_Request[Any]]
     ) -> tuple[list[tuple[bool, Any]], CommitReport]:
         # Non-decreasing per shard, so seq order is send-time order (retention relies on it).
@@ -150,29 +183,27 @@ class GroupCommitter:
         _, index = self.environment.write(run_all, epoch=context.epoch, at_ms=now_ms)
         return outcomes, CommitReport(len(batch), index, now_ms, context.epoch)
 
-    def _finish_batch(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        batch: list[_Request[Any]],
-        finished: concurrent.futures.Future[tuple[list[tuple[bool, Any]], CommitReport]],
-    ) -> None:
+    def _finish_batch(self, loop: asyncio.AbstractEventLoop, finished: concurrent.futures.Future[_Batch]) -> None:
         self._busy = False
-        error = finished.exception()
-        if error is not None:
-            log.error("shard commit failed; %d requests get an error", len(batch), exc_info=error)
+        result = finished.result()  # _run_batch catches what the work raised
+        batch = result.requests
+        if result.error is not None or result.report is None:
+            log.error("shard commit failed; %d requests get an error", len(batch), exc_info=result.error)
             for request in batch:
                 if not request.future.done():
-                    request.future.set_exception(ShardqError(Reason.UNAVAILABLE, f"commit failed: {error}"))
+                    request.future.set_exception(ShardqError(Reason.UNAVAILABLE, f"commit failed: {result.error}"))
         else:
-            outcomes, report = finished.result()
-            answers = [(request.future, ok, value) for request, (ok, value) in zip(batch, outcomes, strict=True)]
+            report = result.report
+            answers = [(request.future, ok, value) for request, (ok, value) in zip(batch, result.outcomes, strict=True)]
             self._on_commit(report)
             if self._replicated is not None and report.log_index:
                 # The next batch may commit locally meanwhile: replication is pipelined.
                 loop.create_task(self._answer_when_replicated(report.log_index, report.epoch, answers))
             else:
                 _resolve_all(answers)
-        if self._pending:
+        with self._pending_lock:
+            more = bool(self._pending)
+        if more:
             self._start_batch(loop)
         else:
             self._idle.set()
@@ -191,7 +222,11 @@ class GroupCommitter:
             _resolve_all(answers)
 
     async def run_exclusive(self, work: Callable[[], T]) -> T:
-        """Run `work` on the writer thread, between batches (follower appends, snapshots)."""
+        """Run `work` on the writer thread, between batches (follower appends, snapshots).
+
+        A batch already queued runs first, with whatever requests are pending
+        when it starts.
+        """
         loop = asyncio.get_running_loop()
         running = asyncio.wrap_future(self._executor.submit(work), loop=loop)
         self._exclusive.add(running)

@@ -28,7 +28,7 @@ from shard_server.domain.context import ShardContext
 from shard_server.domain.messages import NewMessage
 from shard_server.domain.receiving import ClaimedMessage
 from shard_server.domain.routing import choose_shard
-from shard_server.runtime.committing import CommitReport, GroupCommitter, WriterThreads, wall_clock_ms
+from shard_server.runtime.committing import CommitReport, GroupCommitter, Work, WriterThreads, wall_clock_ms
 from shard_server.runtime.forwarding import FORWARDED, Router
 from shard_server.storage.lmdb_store import (
     DEFAULT_MAP_SIZE,
@@ -493,32 +493,43 @@ class HostedQueue:
         `forward(leader, positions)` sends the positions of a remote shard to its leader."""
         results, by_shard = self._decode(receipts)
 
-        async def act_on(index: int, items: list[tuple[int, Receipt]]) -> None:
-            shard = self.leader_here(index)
-            outcomes: list[Reason | None]
-            if shard is None:
-                leader = "" if self.router is None else self.router.leader_of(self.config.name, index)[0]
-                if forwarded or self.router is None or not leader or leader == self.router.server_id:
-                    outcomes = [Reason.NOT_LEADER] * len(items)
-                else:
-                    try:
-                        outcomes = await forward(leader, [position for position, _ in items])
-                    except ShardqError as error:
-                        outcomes = [error.reason] * len(items)
-            else:
-
-                def work(tx: LmdbShardTransaction, context: ShardContext, now: int) -> list[Reason | None]:
-                    return [act(tx, context, receipt, position, now) for position, receipt in items]
-
-                outcomes = await shard.committer.submit(work)
-                shard.count_rejections(outcomes)
-                succeeded = sum(1 for outcome in outcomes if outcome is None)
-                if succeeded and succeeded_counter is not None:
-                    succeeded_counter(shard).inc(succeeded)
+        def record(items: list[tuple[int, Receipt]], outcomes: Sequence[Reason | None]) -> None:
             for (position, _), outcome in zip(items, outcomes, strict=True):
                 results[position] = outcome
 
-        await asyncio.gather(*(act_on(index, items) for index, items in by_shard.items()))
+        async def act_remotely(leader: str, items: list[tuple[int, Receipt]]) -> None:
+            try:
+                record(items, await forward(leader, [position for position, _ in items]))
+            except ShardqError as error:
+                record(items, [error.reason] * len(items))
+
+        def act_locally(items: list[tuple[int, Receipt]]) -> Work[list[Reason | None]]:
+            def work(tx: LmdbShardTransaction, context: ShardContext, now: int) -> list[Reason | None]:
+                return [act(tx, context, receipt, position, now) for position, receipt in items]
+
+            return work
+
+        local: list[tuple[HostedShard, list[tuple[int, Receipt]], asyncio.Future[list[Reason | None]]]] = []
+        remote = []
+        for index, items in by_shard.items():
+            shard = self.leader_here(index)
+            if shard is not None:
+                # Queued straight on each shard's committer: no task per shard.
+                local.append((shard, items, shard.committer.enqueue(act_locally(items))))
+                continue
+            leader = "" if self.router is None else self.router.leader_of(self.config.name, index)[0]
+            if forwarded or self.router is None or not leader or leader == self.router.server_id:
+                record(items, [Reason.NOT_LEADER] * len(items))
+            else:
+                remote.append(act_remotely(leader, items))
+        await asyncio.gather(*remote, *(future for _, _, future in local))
+        for shard, items, future in local:
+            outcomes = future.result()
+            record(items, outcomes)
+            shard.count_rejections(outcomes)
+            succeeded = sum(1 for outcome in outcomes if outcome is None)
+            if succeeded and succeeded_counter is not None:
+                succeeded_counter(shard).inc(succeeded)
         return results
 
     async def _forward_entries(self, leader: str, call: str, request: object) -> list[Reason | None]:

@@ -65,12 +65,9 @@ def received_frames(
             frame, batch = new_frame()
         record = message.record
         delivery = message.delivery
-        batch.messages.add(
+        added = batch.messages.add(
             message_id=format_message_id(sent_at_ms=record.sent_at_ms, shard=shard.index, seq=record.seq),
             body=record.body,
-            attributes=record.attributes,
-            group_id=record.group_id,
-            dedup_id=record.dedup_id,
             receipt=encode_receipt(message.receipt),
             receive_count=delivery.receive_count,
             sent_at_ms=record.sent_at_ms,
@@ -79,6 +76,13 @@ def received_frames(
             shard=shard.index,
             seq=record.seq,
         )
+        # Only when set: passing empty values still costs (half the add, measured).
+        if record.attributes:
+            added.attributes.update(record.attributes)
+        if record.group_id:
+            added.group_id = record.group_id
+        if record.dedup_id:
+            added.dedup_id = record.dedup_id
     for forwarded in received.remote:  # claimed by another leader for this call
         if len(batch.messages) >= max_batch:
             frames.append(frame)
