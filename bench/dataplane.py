@@ -734,7 +734,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-window", type=int, default=16, help="10-message sends in flight per producer")
     parser.add_argument("--receive-window", type=int, default=1, help="receive+delete loops per unary consumer")
     parser.add_argument("--receive-wait-ms", type=int, default=0, help="long-poll wait of unary receives")
-    parser.add_argument("--stream-delete-window", type=int, default=4, help="deletes in flight per stream consumer")
+    parser.add_argument(
+        "--stream-delete-window", type=int, default=16, help="delete calls (of up to 10) in flight per stream consumer"
+    )
     parser.add_argument("--credits", type=int, default=400, help="credits per consumer stream (the client's default)")
     parser.add_argument("--stream-frame", type=int, default=100, help="messages per consumer-stream frame (max_batch)")
     parser.add_argument("--queue-options", default="shards=4", help="queue spec after 'bench:' for shardq serve")

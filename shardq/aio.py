@@ -11,6 +11,7 @@ everything else.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -66,20 +67,21 @@ def send_results_from_proto(response: queue_pb2.SendMessagesResponse) -> list[Se
 
 
 def received_from_proto(response: queue_pb2.ReceiveMessagesResponse) -> list[ReceivedMessage]:
+    # Positional, and no dict() of an empty map: this runs for every message received.
     return [
         ReceivedMessage(
-            message_id=m.message_id,
-            body=m.body,
-            attributes=dict(m.attributes),
-            group_id=m.group_id,
-            dedup_id=m.dedup_id,
-            receipt=m.receipt,
-            receive_count=m.receive_count,
-            sent_at_ms=m.sent_at_ms,
-            first_received_at_ms=m.first_received_at_ms,
-            visible_until_ms=m.visible_until_ms,
-            shard=m.shard,
-            seq=m.seq,
+            m.message_id,
+            m.body,
+            dict(m.attributes) if m.attributes else {},
+            m.group_id,
+            m.dedup_id,
+            m.receipt,
+            m.receive_count,
+            m.sent_at_ms,
+            m.first_received_at_ms,
+            m.visible_until_ms,
+            m.shard,
+            m.seq,
         )
         for m in response.messages
     ]
@@ -334,7 +336,7 @@ class AsyncClient:
         """Like send_messages, over the shared producer stream: concurrent calls to
         the same queue are folded into one stream request. A message the server
         refused comes back with its error_reason set, as with send_messages."""
-        return list(await asyncio.gather(*self._batcher(queue).add_many(messages)))
+        return await self._batcher(queue).add_many(messages)
 
     def _batcher(self, queue: str) -> Coalescer[Message, SendResult]:
         batcher = self._batchers.get(queue)
@@ -533,7 +535,10 @@ class ConsumerStream:
         self._visibility_timeout_ms = visibility_timeout_ms
         self._max_batch = max_batch
         self._requests: asyncio.Queue[queue_pb2.ConsumeRequest | None] = asyncio.Queue()
-        self._inbox: asyncio.Queue[ReceivedMessage | ShardqError | None] = asyncio.Queue()
+        # Whole frames, then their messages one by one (a queue operation per
+        # message cost more than building the message).
+        self._inbox: asyncio.Queue[list[ReceivedMessage] | ShardqError | None] = asyncio.Queue()
+        self._ready: collections.deque[ReceivedMessage] = collections.deque()
         self._acks: dict[int, asyncio.Future[queue_pb2.AckResult]] = {}
         self._ack_ids = itertools.count(1)
         self._reader: asyncio.Task[None] | None = None
@@ -567,8 +572,7 @@ class ConsumerStream:
         try:
             async for response in self._call:
                 if response.HasField("messages"):
-                    for message in received_from_proto(response.messages):
-                        self._inbox.put_nowait(message)
+                    self._inbox.put_nowait(received_from_proto(response.messages))
                 else:
                     future = self._acks.pop(response.ack.ack_id, None)
                     if future is not None and not future.done():
@@ -582,18 +586,23 @@ class ConsumerStream:
                     future.set_exception(failure)
 
     async def messages(self) -> AsyncIterator[ReceivedMessage]:
+        # Grant credits back in quarters to keep the request stream quiet.
+        quarter = max(1, self._credits // 4)
         while True:
-            item = await self._inbox.get()
-            if item is None:
-                return
-            if isinstance(item, ShardqError):
-                raise item
+            if not self._ready:
+                frame = await self._inbox.get()
+                if frame is None:
+                    return
+                if isinstance(frame, ShardqError):
+                    raise frame
+                self._ready.extend(frame)
+                continue
+            message = self._ready.popleft()
             self._returned_credits += 1
-            # Grant credits back in small batches to keep the request stream quiet.
-            if self._returned_credits >= max(1, self._credits // 4):
+            if self._returned_credits >= quarter:
                 self._requests.put_nowait(queue_pb2.ConsumeRequest(credits=self._returned_credits))
                 self._returned_credits = 0
-            yield item
+            yield message
 
     async def _acknowledge(self, *, delete: Sequence[str], release: Sequence[str]) -> queue_pb2.AckResult:
         ack_id = next(self._ack_ids)
@@ -612,11 +621,11 @@ class ConsumerStream:
 
     async def delete(self, receipts: Sequence[str]) -> list[EntryResult]:
         """Delete over the stream; concurrent calls share acknowledgement frames."""
-        return list(await asyncio.gather(*self._deletes.add_many(receipts)))
+        return await self._deletes.add_many(receipts)
 
     async def release(self, receipts: Sequence[str]) -> list[EntryResult]:
         """Release (nack with backoff) over the stream; concurrent calls share frames."""
-        return list(await asyncio.gather(*self._releases.add_many(receipts)))
+        return await self._releases.add_many(receipts)
 
     async def close(self) -> None:
         self._requests.put_nowait(None)

@@ -28,41 +28,58 @@ class Coalescer(Generic[Item, Result]):
         self._submit = submit
         self._max_batch = max_batch
         self._max_in_flight = max_in_flight
-        self._pending: list[tuple[Item, asyncio.Future[Result]]] = []
+        # One future per call's chunk, not per item: a future per item cost more
+        # than the rest of a stream delete on the client.
+        self._pending: list[tuple[list[Item], asyncio.Future[list[Result]]]] = []
         self._in_flight = 0
         self._flush_scheduled = False
 
-    def add(self, item: Item) -> asyncio.Future[Result]:
-        return self.add_many([item])[0]
+    async def add(self, item: Item) -> Result:
+        return (await self._enqueue([item]))[0]
 
-    def add_many(self, items: Sequence[Item]) -> list[asyncio.Future[Result]]:
+    async def add_many(self, items: Sequence[Item]) -> list[Result]:
+        """The results of `items`, in order; a call over max_batch spans several batches."""
+        if len(items) <= self._max_batch:
+            return await self._enqueue(list(items)) if items else []
+        chunks = [list(items[start : start + self._max_batch]) for start in range(0, len(items), self._max_batch)]
+        parts = await asyncio.gather(*(self._enqueue(chunk) for chunk in chunks))
+        return [result for part in parts for result in part]
+
+    def _enqueue(self, chunk: list[Item]) -> asyncio.Future[list[Result]]:
         loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[Result]] = [loop.create_future() for _ in items]
-        self._pending.extend(zip(items, futures, strict=True))
+        future: asyncio.Future[list[Result]] = loop.create_future()
+        self._pending.append((chunk, future))
         if not self._flush_scheduled and self._in_flight < self._max_in_flight:
             # Let every call made in this loop turn join the batch first.
             self._flush_scheduled = True
             loop.call_soon(self._flush)
-        return futures
+        return future
 
     def _flush(self) -> None:
         self._flush_scheduled = False
         while self._pending and self._in_flight < self._max_in_flight:
-            batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
+            taken = 1
+            size = len(self._pending[0][0])
+            while taken < len(self._pending) and size + len(self._pending[taken][0]) <= self._max_batch:
+                size += len(self._pending[taken][0])
+                taken += 1
+            batch, self._pending = self._pending[:taken], self._pending[taken:]
             self._in_flight += 1
             asyncio.get_running_loop().create_task(self._send(batch))
 
-    async def _send(self, batch: list[tuple[Item, asyncio.Future[Result]]]) -> None:
+    async def _send(self, batch: list[tuple[list[Item], asyncio.Future[list[Result]]]]) -> None:
         try:
-            results = await self._submit([item for item, _ in batch])
+            results = await self._submit([item for chunk, _ in batch for item in chunk])
         except Exception as error:  # every caller of the batch gets the failure
             for _, future in batch:
                 if not future.done():
                     future.set_exception(error)
         else:
-            for (_, future), result in zip(batch, results, strict=True):
+            start = 0
+            for chunk, future in batch:
                 if not future.done():
-                    future.set_result(result)
+                    future.set_result(list(results[start : start + len(chunk)]))
+                start += len(chunk)
         finally:
             self._in_flight -= 1
             self._flush()

@@ -30,7 +30,7 @@ class SendResult:
         return not self.error_reason
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)  # not frozen: built per message, and frozen ones cost ~4x to build
 class ReceivedMessage:
     message_id: str
     body: bytes

@@ -1,0 +1,78 @@
+"""The coalescer folds concurrent calls into batches no larger than max_batch,
+hands every caller exactly its own results in order, and fails a batch's callers together."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from shardq.coalescing import Coalescer
+
+
+class Recorder:
+    """A submit function that records each batch and answers item * 10."""
+
+    def __init__(self, *, fail_on: int | None = None) -> None:
+        self.batches: list[list[int]] = []
+        self.fail_on = fail_on
+
+    async def __call__(self, items: list[int]) -> list[int]:
+        self.batches.append(items)
+        await asyncio.sleep(0)
+        if self.fail_on is not None and self.fail_on in items:
+            raise RuntimeError(f"batch with {self.fail_on} failed")
+        return [item * 10 for item in items]
+
+
+def test_concurrent_calls_share_batches_and_get_their_own_results() -> None:
+    async def scenario() -> None:
+        submit = Recorder()
+        coalescer: Coalescer[int, int] = Coalescer(submit, max_batch=5, max_in_flight=1)
+        calls = [[1, 2], [3], [4, 5, 6], [7, 8, 9, 10, 11, 12, 13]]
+        results = await asyncio.gather(*(coalescer.add_many(call) for call in calls), coalescer.add(99))
+        assert results == [[i * 10 for i in call] for call in calls] + [990]
+        assert all(len(batch) <= 5 for batch in submit.batches)
+        # Six chunks (the 7-item call is two) went out in four batches: calls really shared them.
+        assert submit.batches == [[1, 2, 3], [4, 5, 6], [7, 8, 9, 10, 11], [12, 13, 99]]
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_batch_fails_its_callers_only() -> None:
+    async def scenario() -> None:
+        submit = Recorder(fail_on=3)
+        coalescer: Coalescer[int, int] = Coalescer(submit, max_batch=2, max_in_flight=1)
+        outcomes = await asyncio.gather(
+            coalescer.add_many([1, 2]), coalescer.add_many([3]), coalescer.add_many([4]), return_exceptions=True
+        )
+        assert outcomes[0] == [10, 20]
+        assert isinstance(outcomes[1], RuntimeError)
+        # [4] shared the failed batch with [3] (max_batch 2), so it failed too; nothing else did.
+        assert submit.batches == [[1, 2], [3, 4]]
+        assert isinstance(outcomes[2], RuntimeError)
+        assert await coalescer.add(5) == 50
+
+    asyncio.run(scenario())
+
+
+def test_an_empty_call_sends_nothing() -> None:
+    async def scenario() -> None:
+        submit = Recorder()
+        coalescer: Coalescer[int, int] = Coalescer(submit, max_batch=3, max_in_flight=2)
+        assert await coalescer.add_many([]) == []
+        assert submit.batches == []
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("size", [1, 3, 4, 7])
+def test_a_call_larger_than_max_batch_spans_batches_in_order(size: int) -> None:
+    async def scenario() -> None:
+        submit = Recorder()
+        coalescer: Coalescer[int, int] = Coalescer(submit, max_batch=3, max_in_flight=4)
+        items = list(range(size))
+        assert await coalescer.add_many(items) == [i * 10 for i in items]
+        assert all(len(batch) <= 3 for batch in submit.batches)
+
+    asyncio.run(scenario())
