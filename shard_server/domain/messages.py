@@ -45,7 +45,8 @@ class Delivery:
 
     @property
     def indexed(self) -> bool:
-        return self.state in (DeliveryState.READY, DeliveryState.CLAIMED)
+        # READY (0) or CLAIMED (1): one int comparison, asked several times per message.
+        return self.state <= DeliveryState.CLAIMED
 
 
 @dataclasses.dataclass(slots=True)  # not frozen: built per message, and frozen ones cost ~4x to build
