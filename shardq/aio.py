@@ -48,7 +48,7 @@ MAX_BATCHES_IN_FLIGHT = 8
 # Every unary call has a deadline: a paused or partitioned server must not hang callers.
 DEFAULT_CALL_TIMEOUT_S = 30.0
 MAX_ACK_BATCH = 1000
-MAX_ACKS_IN_FLIGHT = 4
+MAX_ACKS_IN_FLIGHT = 2
 
 
 def message_to_proto(message: Message) -> queue_pb2.MessageToSend:

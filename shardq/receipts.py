@@ -21,6 +21,9 @@ _CHECK = struct.Struct(">I")
 _ENCODED_LENGTH = len(base64.urlsafe_b64encode(b"\0" * (_LAYOUT.size + _CHECK.size)))
 
 
+_FROM_URLSAFE = bytes.maketrans(b"-_", b"+/")
+
+
 class MalformedReceipt(ValueError):
     pass
 
@@ -49,7 +52,8 @@ def decode_receipt(text: str) -> Receipt:
     if len(text) != _ENCODED_LENGTH:
         raise MalformedReceipt(f"receipt has length {len(text)}, expected {_ENCODED_LENGTH}")
     try:
-        raw = base64.urlsafe_b64decode(text.encode("ascii"))
+        # What base64.urlsafe_b64decode does, without its wrappers (hot path).
+        raw = binascii.a2b_base64(text.encode("ascii").translate(_FROM_URLSAFE))
     except (binascii.Error, UnicodeEncodeError, ValueError):
         raise MalformedReceipt("receipt is not base64url") from None
     if len(raw) != _LAYOUT.size + _CHECK.size:

@@ -526,8 +526,9 @@ class HostedQueue:
         for shard, items, future in local:
             outcomes = future.result()
             record(items, outcomes)
-            shard.count_rejections(outcomes)
-            succeeded = sum(1 for outcome in outcomes if outcome is None)
+            succeeded = outcomes.count(None)
+            if succeeded < len(outcomes):
+                shard.count_rejections(outcomes)
             if succeeded and succeeded_counter is not None:
                 succeeded_counter(shard).inc(succeeded)
         return results
