@@ -3,8 +3,8 @@
 Requests for a shard queue up while the previous batch commits; the shard's
 writer thread then runs every queued request in one transaction. Shards share
 writer threads (WriterThreads): every thread running Python code competes for
-the one GIL, and with a thread per shard that contention cost more than the
-parallel fsyncs gained (see bench/README.md). Answers go out after
+the one GIL, and a thread per shard cost more in that contention than it ever
+overlapped (see README, Performance). Answers go out after
 the commit, except receives, which may answer as soon as their claims are
 decided (DESIGN §5: a lost claim only means a redelivery, and the receipt of a
 lost claim is rejected because the next claim carries a newer epoch or token).
@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 from shard_server.domain.context import ShardContext
-from shard_server.storage.lmdb_store import LmdbShardTransaction, ShardEnvironment
+from shard_server.storage.lmdb_store import LmdbShardTransaction, ShardEnvironment, let_lmdb_calls_release_the_gil
 from shardq.errors import Reason, ShardqError
 
 T = TypeVar("T")
@@ -69,12 +69,15 @@ class WriterThreads:
     A shard stays on one thread for its whole life: LMDB write transactions
     belong to the thread that began them, and a shard's batches and exclusive
     work (follower appends, snapshots) must run in order. Several threads only
-    pay off when fsync is slow enough (network disks) to overlap usefully.
+    pay off when fsync is slow enough (network disks) to overlap usefully, and
+    only with LMDB calls releasing the GIL, which they are then made to do.
     """
 
     def __init__(self, count: int = 1) -> None:
         if count < 1:
             raise ValueError(f"writer threads must be at least 1, got {count}")
+        if count > 1:
+            let_lmdb_calls_release_the_gil()
         self._threads = [
             concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"writer-{i}") for i in range(count)
         ]

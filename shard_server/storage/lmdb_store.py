@@ -61,6 +61,18 @@ class ShardStats:
     map_size_bytes: int
 
 
+def let_lmdb_calls_release_the_gil() -> None:
+    """Make every LMDB call, commit and its fsync included, release the GIL (process-wide).
+
+    py-lmdb 2 and later keep the GIL inside their calls unless asked (older ones
+    always release it). One writer thread gains nothing from releasing it
+    (measured); several writer threads need it, or their fsyncs cannot overlap.
+    """
+    enable = getattr(lmdb, "enable_drop_gil", None)
+    if enable is not None:
+        enable()
+
+
 class ShardEnvironment:
     def __init__(self, path: pathlib.Path, *, queue: str, shard: int, map_size: int = DEFAULT_MAP_SIZE) -> None:
         path.mkdir(parents=True, exist_ok=True)

@@ -55,6 +55,8 @@ class ServerProcess:
     port: int
     metrics_port: int
     log_path: pathlib.Path
+    # More `shardq serve` options, e.g. ("--writer-threads", "2").
+    extra_args: Sequence[str] = ()
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -84,7 +86,7 @@ class ServerProcess:
         ]
         for spec in self.queues:
             command += ["--queue", spec]
-        return command
+        return command + list(self.extra_args)
 
     def start(self) -> None:
         assert self.process is None or self.process.poll() is not None, "server already running"
