@@ -30,12 +30,34 @@ class ClaimedMessage:
 class ReceiveOutcome:
     claimed: list[ClaimedMessage]
     dead_lettered: int
+    # What the claimed messages weigh (message_size), for callers filling a response.
+    claimed_bytes: int = 0
+
+
+def message_size(record: MessageRecord) -> int:
+    """About what a message weighs in a response: body, attributes and ids."""
+    size = len(record.body) + len(record.group_id) + len(record.dedup_id)
+    if record.attributes:
+        size += sum(len(key) + len(value) for key, value in record.attributes.items())
+    return size
 
 
 def receive_messages(
-    store: ShardStore, context: ShardContext, *, max_messages: int, visibility_timeout_ms: int, now_ms: int
+    store: ShardStore,
+    context: ShardContext,
+    *,
+    max_messages: int,
+    visibility_timeout_ms: int,
+    now_ms: int,
+    max_bytes: int | None = None,
 ) -> ReceiveOutcome:
+    """Claim up to max_messages eligible messages, oldest deadline first.
+
+    `max_bytes` bounds what the claimed messages weigh together, so they fit
+    one response; the first message is claimed whatever its size.
+    """
     claimed: list[ClaimedMessage] = []
+    claimed_bytes = 0
     dead_lettered = 0
     seen: set[int] = set()
     after: tuple[int, int] | None = None
@@ -63,6 +85,10 @@ def receive_messages(
             record = store.get_record(seq)
             if record is None:
                 continue
+            size = message_size(record)
+            if max_bytes is not None and claimed and claimed_bytes + size > max_bytes:
+                return ReceiveOutcome(claimed, dead_lettered, claimed_bytes)  # full: it waits for the next receive
+            claimed_bytes += size
             # Built directly rather than with dataclasses.replace: this is the hot path.
             claim = Delivery(
                 seq,
@@ -79,4 +105,4 @@ def receive_messages(
             commit_event(store, context, event, now_ms=now_ms, current=delivery)
             receipt = Receipt(context.fingerprint, context.shard, seq, context.epoch, claim.claim_token)
             claimed.append(ClaimedMessage(record, claim, receipt))
-    return ReceiveOutcome(claimed, dead_lettered)
+    return ReceiveOutcome(claimed, dead_lettered, claimed_bytes)

@@ -51,6 +51,11 @@ _SHARD_DIR = re.compile(r"shard-(\d+)")
 LOAD_WINDOW_S = 5.0
 # How often a waiting receiver in a cluster asks the other leaders again.
 REMOTE_POLL_MS = 250
+# What one receive may claim, in message bytes: the response must stay under
+# gRPC's 64 MiB message limit. Each shard's claim may pass what is left by one
+# message (the first is taken whatever its size), and the search stops there,
+# so a response holds at most 32 + 16 MiB (the largest message) plus envelopes.
+RECEIVE_BYTES_BUDGET = 32 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -437,6 +442,7 @@ class HostedQueue:
         count = len(shards)
         start = next(self._receive_start)
         claimed: list[tuple[HostedShard, ClaimedMessage]] = []
+        claimed_bytes = 0
         for offset in range(count):
             shard = shards[(start + offset) % count]
             visible_at = shard.next_visible_at()
@@ -445,9 +451,15 @@ class HostedQueue:
             wanted = max_messages - len(claimed)
             shard.require_leader()
             outcome = await shard.committer.submit(
-                functools.partial(_claim, max_messages=wanted, visibility_timeout_ms=visibility_timeout_ms),
+                functools.partial(
+                    _claim,
+                    max_messages=wanted,
+                    visibility_timeout_ms=visibility_timeout_ms,
+                    max_bytes=RECEIVE_BYTES_BUDGET - claimed_bytes,
+                ),
                 answer_before_commit=True,
             )
+            claimed_bytes += outcome.claimed_bytes
             if outcome.dead_lettered:
                 shard.dead_lettered.inc(outcome.dead_lettered)
                 self.wake_dead_letter_mover()
@@ -457,7 +469,7 @@ class HostedQueue:
                 if redelivered:
                     shard.redelivered.inc(redelivered)
                 claimed.extend((shard, message) for message in outcome.claimed)
-            if len(claimed) >= max_messages:
+            if len(claimed) >= max_messages or claimed_bytes >= RECEIVE_BYTES_BUDGET:
                 break
         return claimed
 
@@ -624,10 +636,21 @@ class HostedQueue:
 
 
 def _claim(
-    tx: LmdbShardTransaction, context: ShardContext, now: int, *, max_messages: int, visibility_timeout_ms: int
+    tx: LmdbShardTransaction,
+    context: ShardContext,
+    now: int,
+    *,
+    max_messages: int,
+    visibility_timeout_ms: int,
+    max_bytes: int,
 ) -> receiving.ReceiveOutcome:
     return receiving.receive_messages(
-        tx, context, max_messages=max_messages, visibility_timeout_ms=visibility_timeout_ms, now_ms=now
+        tx,
+        context,
+        max_messages=max_messages,
+        visibility_timeout_ms=visibility_timeout_ms,
+        now_ms=now,
+        max_bytes=max_bytes,
     )
 
 
