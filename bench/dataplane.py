@@ -84,7 +84,7 @@ class PhaseSpec:
     receive_wait_ms: int = 0
     credits: int = 400
     # Messages per frame the server pushes on a consumer stream (ConsumeStart.max_batch).
-    stream_frame: int = 100
+    stream_frame: int = 1000
 
 
 # -- measurement ----------------------------------------------------------------------
@@ -738,7 +738,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--stream-delete-window", type=int, default=16, help="delete calls (of up to 10) in flight per stream consumer"
     )
     parser.add_argument("--credits", type=int, default=400, help="credits per consumer stream (the client's default)")
-    parser.add_argument("--stream-frame", type=int, default=100, help="messages per consumer-stream frame (max_batch)")
+    parser.add_argument(
+        "--stream-frame",
+        type=int,
+        default=1000,
+        help="most messages per consumer-stream frame (max_batch; the default)",
+    )
     parser.add_argument("--queue-options", default="shards=4", help="queue spec after 'bench:' for shardq serve")
     parser.add_argument("--max-seconds", type=float, default=120.0, help="time limit per phase")
     parser.add_argument("--seed", type=int, default=1)

@@ -22,6 +22,7 @@ import grpc
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.coalescing import Coalescer
 from shardq.errors import NotLeader, ShardqError, Unavailable
+from shardq.queues import MAX_RECEIVE_BATCH
 from shardq.receipts import MalformedReceipt, decode_receipt
 from shardq.routing import choose_shard
 from shardq.status import error_from_rpc, error_from_stream
@@ -444,16 +445,23 @@ class AsyncClient:
         return await self._per_leader(queue, items, self._addresses_of_receipts(routes, receipts), call)
 
     def consume(
-        self, queue: str, *, credits: int = 400, visibility_timeout_ms: int | None = None, max_batch: int = 100
+        self,
+        queue: str,
+        *,
+        credits: int = 400,
+        visibility_timeout_ms: int | None = None,
+        max_batch: int = MAX_RECEIVE_BATCH,
     ) -> ConsumerStream:
         """A consumer stream; use `async with client.consume(...) as stream`.
 
         `credits` is the prefetch: how many claimed messages may wait client-side.
-        Credits return in quarters, so a quarter of them is also the usual frame
-        size; under max_batch=100 that makes 400 the smallest setting with full
-        frames (drain throughput: 20k msgs/s at 100, 32k at 400, bench/README.md).
-        Lower it for slow handlers, whose prefetched messages would otherwise
-        wait out their visibility timeout.
+        The server claims for the credits it holds and pushes what one claim took
+        in frames of up to `max_batch` messages (and 32 MiB). Credits return in
+        quarters, so frames usually hold a quarter of the credits or more: gRPC
+        charges per frame, and the stream drain measured 20k msgs/s with 100
+        credits, ~30k with 400 and frames capped at 100, ~34k uncapped (README,
+        Performance). Lower the credits for slow handlers, whose prefetched
+        messages would otherwise wait out their visibility timeout.
         """
         return ConsumerStream(
             self._stub, queue, credits=credits, visibility_timeout_ms=visibility_timeout_ms, max_batch=max_batch
