@@ -18,10 +18,12 @@ class ShardContext:
     shard: int
     # The leader's fencing token: stamped on log entries and receipts.
     epoch: int
+    # The queue's receipt fingerprint, computed once: every claim and every
+    # receipt check needs it.
+    fingerprint: int = dataclasses.field(init=False, compare=False)
 
-    @property
-    def fingerprint(self) -> int:
-        return queue_fingerprint(self.config.name)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fingerprint", queue_fingerprint(self.config.name))
 
 
 def commit_event(
