@@ -59,6 +59,11 @@ WORKER_START_TIMEOUT_S = 60.0
 # Time allowed past a phase's --max-seconds for in-flight calls and teardown.
 PHASE_GRACE_S = 30.0
 MAX_RECEIVE_BATCH = 10
+# The consumer-stream phase: the client's default credits and frame limit, and
+# delete calls in flight per consumer (as the 10-message sends keep 16 calls).
+STREAM_CREDITS = 400
+STREAM_FRAME = 1000
+STREAM_DELETE_WINDOW = 16
 TOP_PROFILE_ROWS = 25
 
 SEND_KINDS = ("send_single_stream", "send_single_unary", "send_batch_stream", "send_batch_unary")
@@ -82,9 +87,9 @@ class PhaseSpec:
     payload_bytes: int
     seed: int
     receive_wait_ms: int = 0
-    credits: int = 400
+    credits: int = STREAM_CREDITS
     # Messages per frame the server pushes on a consumer stream (ConsumeStart.max_batch).
-    stream_frame: int = 1000
+    stream_frame: int = STREAM_FRAME
 
 
 # -- measurement ----------------------------------------------------------------------
@@ -735,13 +740,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--receive-window", type=int, default=1, help="receive+delete loops per unary consumer")
     parser.add_argument("--receive-wait-ms", type=int, default=0, help="long-poll wait of unary receives")
     parser.add_argument(
-        "--stream-delete-window", type=int, default=16, help="delete calls (of up to 10) in flight per stream consumer"
+        "--stream-delete-window",
+        type=int,
+        default=STREAM_DELETE_WINDOW,
+        help="delete calls (of up to 10) in flight per stream consumer",
     )
-    parser.add_argument("--credits", type=int, default=400, help="credits per consumer stream (the client's default)")
+    parser.add_argument(
+        "--credits", type=int, default=STREAM_CREDITS, help="credits per consumer stream (the client's default)"
+    )
     parser.add_argument(
         "--stream-frame",
         type=int,
-        default=1000,
+        default=STREAM_FRAME,
         help="most messages per consumer-stream frame (max_batch; the default)",
     )
     parser.add_argument("--queue-options", default="shards=4", help="queue spec after 'bench:' for shardq serve")

@@ -518,7 +518,12 @@ def run_failover(args: argparse.Namespace, data_root: pathlib.Path) -> dict[str,
 # -- part 2: throughput by replica count --------------------------------------------------------
 
 SEND_PHASES = (("send.single.stream", "send_single_stream", 1), ("send.batch10.stream", "send_batch_stream", 10))
-WINDOWS = {"send_single_stream": 64, "send_batch_stream": 16, "drain_stream": 4, "drain_unary": 1}
+WINDOWS = {
+    "send_single_stream": 64,
+    "send_batch_stream": 16,
+    "drain_stream": dataplane.STREAM_DELETE_WINDOW,
+    "drain_unary": 1,
+}
 
 
 def throughput_phases(drain: str) -> tuple[tuple[str, str, int], ...]:
@@ -540,10 +545,11 @@ def run_throughput(args: argparse.Namespace, data_root: pathlib.Path) -> dict[st
             "windows": {
                 "send.single.stream": 64,
                 "send.batch10.stream": 16,
-                "drain.stream_deletes_in_flight": 4,
+                "drain.stream_deletes_in_flight": WINDOWS["drain_stream"],
                 "drain.unary_receive_loops": 1,
             },
-            "stream_credits": 100,
+            "stream_credits": dataplane.STREAM_CREDITS,
+            "stream_frame_messages": dataplane.STREAM_FRAME,
             "phases": [name for name, _, _ in throughput_phases(args.drain)],
             "cpu": "server_cpu_us_per_msg is the leader's; all_servers_cpu_s sums every server over the phase",
             "note": "clients and every server share the machine's CPUs",
@@ -583,7 +589,6 @@ def run_throughput(args: argparse.Namespace, data_root: pathlib.Path) -> dict[st
                         max_seconds=args.max_seconds,
                         payload_bytes=args.payload_bytes,
                         seed=1,
-                        credits=100,
                     )
                     pids = [s.pid for s in cluster.servers.values()]
                     cpu_before = sum(dataplane.process_cpu_seconds(pid) for pid in pids)
