@@ -357,9 +357,14 @@ class ShardReplica:
                 self._advance_commit()
                 self._check_isr()
                 if not entries:
+                    # Clear, then look: an entry written while this append was in
+                    # flight (or whose wake-up another shipper cleared) is shipped
+                    # now rather than a heartbeat later, which cost replicated
+                    # writes a p99 of ~120 ms.
                     self._new_entries.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._new_entries.wait(), timeout=HEARTBEAT_S)
+                    if self.shard.last_written_index <= matched:
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self._new_entries.wait(), timeout=HEARTBEAT_S)
             elif outcome == replication_pb2.APPEND_OUTCOME_STALE_EPOCH:
                 await self.step_down(f"follower {follower} has seen epoch {response.epoch}")
                 return
