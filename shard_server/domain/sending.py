@@ -15,7 +15,7 @@ from shard_server.domain.messages import (
     format_message_id,
 )
 from shard_server.domain.store import ShardStore
-from shardq.errors import QueueFull
+from shardq.errors import QueueFull, ShardqError
 
 # How long a producer refused for depth should wait: long enough for consumers
 # to make room, short enough that a drained queue refills promptly.
@@ -24,9 +24,14 @@ QUEUE_FULL_RETRY_AFTER_MS = 1_000
 
 @dataclasses.dataclass(slots=True)  # not frozen: built per message, and frozen ones cost ~4x to build
 class SendOutcome:
+    """One message of a send batch: stored, a duplicate of a stored one, or refused
+    (`error` set; refusals are decided where the shard is, e.g. NOT_LEADER)."""
+
     message_id: str
     seq: int
+    shard: int
     duplicate: bool
+    error: ShardqError | None = None
 
 
 def shard_depth_limit(context: ShardContext) -> int:
@@ -53,7 +58,7 @@ def send_messages(
             if original is not None and original[2] > now_ms:
                 original_seq, original_sent_at, _ = original
                 original_id = format_message_id(sent_at_ms=original_sent_at, shard=context.shard, seq=original_seq)
-                outcomes.append(SendOutcome(original_id, original_seq, duplicate=True))
+                outcomes.append(SendOutcome(original_id, original_seq, context.shard, duplicate=True))
                 continue
         seq += 1
         record = MessageRecord(
@@ -71,6 +76,8 @@ def send_messages(
         expires = now_ms + window if message.dedup_id and window else 0
         commit_event(store, context, Sent(record, delivery, expires), now_ms=now_ms)
         outcomes.append(
-            SendOutcome(format_message_id(sent_at_ms=now_ms, shard=context.shard, seq=seq), seq, duplicate=False)
+            SendOutcome(
+                format_message_id(sent_at_ms=now_ms, shard=context.shard, seq=seq), seq, context.shard, duplicate=False
+            )
         )
     return outcomes

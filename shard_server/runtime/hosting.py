@@ -28,6 +28,7 @@ from shard_server.domain.context import ShardContext
 from shard_server.domain.messages import NewMessage
 from shard_server.domain.receiving import ClaimedMessage
 from shard_server.domain.routing import choose_shard
+from shard_server.domain.sending import SendOutcome
 from shard_server.runtime.committing import CommitReport, GroupCommitter, Work, WriterThreads, wall_clock_ms
 from shard_server.runtime.forwarding import FORWARDED, Router
 from shard_server.storage.lmdb_store import (
@@ -67,17 +68,6 @@ class Received:
 
     def __len__(self) -> int:
         return len(self.local) + len(self.remote)
-
-
-@dataclasses.dataclass(slots=True)  # not frozen: built per message, and frozen ones cost ~4x to build
-class SendEntry:
-    """The outcome of one message of a send batch: stored, duplicate, or refused."""
-
-    message_id: str = ""
-    seq: int = 0
-    shard: int = 0
-    duplicate: bool = False
-    error: ShardqError | None = None
 
 
 class HostedShard:
@@ -276,7 +266,7 @@ class HostedQueue:
     # -- send --------------------------------------------------------------------
     async def send(
         self, messages: Sequence[NewMessage], *, shard: int | None = None, forwarded: bool = False
-    ) -> list[SendEntry]:
+    ) -> list[SendOutcome]:
         """Store messages, each on its routed shard (or all on `shard`).
 
         Shards led elsewhere get their part forwarded to the leader, unless this
@@ -292,7 +282,7 @@ class HostedQueue:
         else:
             for position, message in enumerate(messages):
                 by_shard.setdefault(choose_shard(self.config, message, round_robin=start), []).append(position)
-        entries: list[SendEntry] = [SendEntry()] * len(messages)
+        entries: list[SendOutcome | None] = [None] * len(messages)
 
         async def send_to(index: int, positions: list[int]) -> None:
             batch = [messages[p] for p in positions]
@@ -306,7 +296,7 @@ class HostedQueue:
                     stored = await self._send_remote(index, batch)
             except ShardqError as error:
                 for position in positions:
-                    entries[position] = SendEntry(shard=index, error=error)
+                    entries[position] = SendOutcome("", 0, index, False, error)
                 return
             for position, entry in zip(positions, stored, strict=True):
                 entries[position] = entry
@@ -316,12 +306,14 @@ class HostedQueue:
             await send_to(index, positions)
         else:
             await asyncio.gather(*(send_to(i, p) for i, p in by_shard.items()))
-        errors = [entry.error for entry in entries if entry.error is not None]
-        if errors and len(errors) == len(entries):
+        outcomes = [entry for entry in entries if entry is not None]
+        assert len(outcomes) == len(messages), "every message has an outcome"
+        errors = [outcome.error for outcome in outcomes if outcome.error is not None]
+        if errors and len(errors) == len(outcomes):
             raise errors[0]  # nothing was stored: fail the whole call
-        return entries
+        return outcomes
 
-    async def _send_local(self, shard: HostedShard, batch: list[NewMessage]) -> list[SendEntry]:
+    async def _send_local(self, shard: HostedShard, batch: list[NewMessage]) -> list[SendOutcome]:
         outcomes = await shard.committer.submit(
             lambda tx, context, now: sending.send_messages(tx, context, batch, now_ms=now)
         )
@@ -329,9 +321,9 @@ class HostedQueue:
         shard.sent.inc(len(outcomes) - duplicates)
         if duplicates:
             shard.duplicates.inc(duplicates)
-        return [SendEntry(o.message_id, o.seq, shard.index, o.duplicate) for o in outcomes]
+        return outcomes
 
-    async def _send_remote(self, index: int, batch: list[NewMessage]) -> list[SendEntry]:
+    async def _send_remote(self, index: int, batch: list[NewMessage]) -> list[SendOutcome]:
         try:
             return await self._send_remote_once(index, batch)
         except NotLeader:
@@ -340,7 +332,7 @@ class HostedQueue:
             await asyncio.to_thread(self.router.refresh)
             return await self._send_remote_once(index, batch)
 
-    async def _send_remote_once(self, index: int, batch: list[NewMessage]) -> list[SendEntry]:
+    async def _send_remote_once(self, index: int, batch: list[NewMessage]) -> list[SendOutcome]:
         assert self.router is not None
         leader, _ = self.router.leader_of(self.config.name, index)
         if not leader or leader == self.router.server_id:
@@ -360,7 +352,7 @@ class HostedQueue:
         except grpc.RpcError as error:
             raise error_from_rpc(error, queue=self.config.name) from None
         return [
-            SendEntry(
+            SendOutcome(
                 r.message_id,
                 r.seq,
                 r.shard,

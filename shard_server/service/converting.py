@@ -6,8 +6,9 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from shard_server.domain.messages import NewMessage, format_message_id
+from shard_server.domain.sending import SendOutcome
 from shard_server.domain.validation import validate_message, validate_send_batch
-from shard_server.runtime.hosting import Received, SendEntry
+from shard_server.runtime.hosting import Received
 from shard_server.service.errors import entry_error
 from shardq.api.v1 import queue_pb2
 from shardq.errors import Reason
@@ -19,23 +20,21 @@ Frame = TypeVar("Frame")
 
 def messages_from_proto(config: QueueConfig, messages: Sequence[queue_pb2.MessageToSend]) -> list[NewMessage]:
     validate_send_batch(len(messages), sum(len(m.body) for m in messages))
-    validated = []
-    for index, message in enumerate(messages):
-        validated.append(
-            validate_message(
-                config,
-                index=index,
-                body=message.body,
-                attributes=message.attributes,
-                group_id=message.group_id,
-                dedup_id=message.dedup_id,
-                delay_ms=message.delay_ms if message.HasField("delay_ms") else None,
-            )
+    return [
+        validate_message(
+            config,
+            index=index,
+            body=message.body,
+            attributes=message.attributes,
+            group_id=message.group_id,
+            dedup_id=message.dedup_id,
+            delay_ms=message.delay_ms if message.HasField("delay_ms") else None,
         )
-    return validated
+        for index, message in enumerate(messages)
+    ]
 
 
-def send_response_to_proto(entries: Sequence[SendEntry]) -> queue_pb2.SendMessagesResponse:
+def send_response_to_proto(entries: Sequence[SendOutcome]) -> queue_pb2.SendMessagesResponse:
     response = queue_pb2.SendMessagesResponse()
     results = response.results
     for entry in entries:
