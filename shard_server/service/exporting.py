@@ -1,8 +1,12 @@
 """The ExportService servicer: read-only snapshots and journal reads for analytics.
 
-Each call holds one LMDB read transaction, so a snapshot is consistent while
-producers and consumers go on; the work runs in a thread, batch by batch,
-to keep the event loop free.
+The work runs in worker threads, batch by batch, to keep the event loop free.
+A message export holds one LMDB read transaction for the whole stream, so its
+snapshot is consistent while producers and consumers go on; a journal read
+needs no snapshot (log entries never change) and opens one per batch. A
+client may cancel either at any moment, also while a worker is inside a
+batch: no transaction is ever closed under a running worker (see
+`storage.lmdb_store.HeldRead`).
 """
 
 from __future__ import annotations
@@ -150,13 +154,18 @@ class ExportServicer(export_pb2_grpc.ExportServiceServicer):
         except ShardqError as error:
             await abort_with(context, error)
             return
-        environment = queue.shards[request.shard].environment
         now_ms = wall_clock_ms()
-        with environment.read() as tx:
-            snapshot_index = tx.last_index()
-            rows = tx.iter_messages()
+        try:
+            # Opened here, not in a worker: a cancellation cannot strand it unreleased.
+            held = queue.shards[request.shard].environment.hold_read()
+        except ShardqError as error:
+            await abort_with(context, error)
+            return
+        try:
+            snapshot_index = held.run(lambda tx: tx.last_index())
+            rows = held.tx.iter_messages()  # a generator: it touches the cursor only inside held.run
 
-            def next_batch() -> list[export_pb2.ExportedMessage]:
+            def next_batch(_tx: object) -> list[export_pb2.ExportedMessage]:
                 batch = []
                 for record, delivery in rows:
                     batch.append(
@@ -168,8 +177,18 @@ class ExportServicer(export_pb2_grpc.ExportServiceServicer):
                         break
                 return batch
 
-            while batch := await asyncio.to_thread(next_batch):
+            while True:
+                try:
+                    batch = await asyncio.to_thread(held.run, next_batch)
+                except ShardqError as error:
+                    await abort_with(context, error)
+                    return
+                if not batch:
+                    break
                 yield export_pb2.ExportedMessageBatch(messages=batch, snapshot_log_index=snapshot_index)
+        finally:
+            # Never blocks: a batch still running in a worker closes the transaction itself.
+            held.release()
 
     async def ReadJournal(
         self, request: export_pb2.ReadJournalRequest, context: Context
@@ -180,37 +199,45 @@ class ExportServicer(export_pb2_grpc.ExportServiceServicer):
         except ShardqError as error:
             await abort_with(context, error)
             return
-        environment = queue.shards[request.shard].environment
-        with environment.read() as tx:
-            end = request.to_index or tx.last_index() + 1
-            start = max(request.from_index, tx.first_log_index())
-            entries = tx.iter_log(from_index=start, to_index=end)
+        shard = queue.shards[request.shard]
 
-            def next_batch() -> tuple[list[export_pb2.JournalEvent], int]:
-                events: list[export_pb2.JournalEvent] = []
-                last = 0
-                for entry in entries:
+        def bounds() -> tuple[int, int]:
+            with shard.environment.read() as tx:
+                return max(request.from_index, tx.first_log_index()), request.to_index or tx.last_index() + 1
+
+        def read_batch(start: int, end: int) -> tuple[list[export_pb2.JournalEvent], int]:
+            # Its own short transaction, opened and closed in this worker thread:
+            # a cancelled stream leaves nothing behind for another thread to free.
+            events: list[export_pb2.JournalEvent] = []
+            last = 0
+            with shard.environment.read() as tx:
+                for entry in tx.iter_log(from_index=start, to_index=end):
                     events.extend(journal_events(request.shard, entry))
                     last = entry.index
                     if len(events) >= size:
                         break
-                return events, last
+            return events, last
 
-            while True:
-                events, last = await asyncio.to_thread(next_batch)
+        try:
+            start, end = await asyncio.to_thread(bounds)
+            while start < end:
+                events, last = await asyncio.to_thread(read_batch, start, end)
                 if not last:
                     break
                 yield export_pb2.JournalBatch(events=events, next_index=last + 1)
+                start = last + 1
+        except ShardqError as error:
+            await abort_with(context, error)
 
     async def GetJournalBounds(
         self, request: export_pb2.GetJournalBoundsRequest, context: Context
     ) -> export_pb2.JournalBounds:
         try:
             queue = self._queue_and_shard(request.queue, request.shard)
+            with queue.shards[request.shard].environment.read() as tx:
+                return export_pb2.JournalBounds(
+                    first_index=tx.first_log_index(), last_index=tx.last_index(), shards=len(queue.shards)
+                )
         except ShardqError as error:
             await abort_with(context, error)
             raise
-        with queue.shards[request.shard].environment.read() as tx:
-            return export_pb2.JournalBounds(
-                first_index=tx.first_log_index(), last_index=tx.last_index(), shards=len(queue.shards)
-            )

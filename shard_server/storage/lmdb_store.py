@@ -9,9 +9,11 @@ LMDB write transactions belong to the thread that opened them, so callers run
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import pathlib
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
@@ -21,6 +23,7 @@ import lmdb
 from shard_server.domain.events import DeliveryChanged, Event, LogEntry, Sent
 from shard_server.domain.messages import Delivery, DeliveryState, MessageRecord
 from shard_server.storage import keys
+from shard_server.storage.closing_gate import CloseGate, EnvironmentClosed
 from shard_server.storage.codecs import (
     decode_delivery,
     decode_entry,
@@ -77,6 +80,7 @@ class ShardEnvironment:
     def __init__(self, path: pathlib.Path, *, queue: str, shard: int, map_size: int = DEFAULT_MAP_SIZE) -> None:
         path.mkdir(parents=True, exist_ok=True)
         self.path = path
+        self.gate = CloseGate(f"queue {queue!r} shard {shard}")
         self.env = lmdb.open(
             str(path),
             map_size=map_size,
@@ -99,34 +103,50 @@ class ShardEnvironment:
                 txn.put(keys.META_INCARNATION, os.urandom(6).hex().encode(), db=self.dbs[keys.DB_META])
 
     def close(self) -> None:
-        self.env.close()
+        """Close once every thread using the environment has left it (see closing_gate)."""
+        self.gate.close(self.env.close)
 
     def write(self, work: Callable[[LmdbShardTransaction], T], *, epoch: int, at_ms: int) -> tuple[T, int]:
         """Run `work` in one write transaction and commit it with its log entry.
 
         Returns the work's result and the log index written (0 if no events).
         """
-        with self.env.begin(write=True) as txn:
-            tx = LmdbShardTransaction(txn, self.dbs)
+        with self.write_transaction() as tx:
             result = work(tx)
             index = tx.write_log_entry(epoch=epoch, at_ms=at_ms)
         return result, index
 
     @contextmanager
-    def read(self) -> Iterator[LmdbShardTransaction]:
-        with self.env.begin(write=False, buffers=False) as txn:
+    def write_transaction(self) -> Iterator[LmdbShardTransaction]:
+        """A raw write transaction (replica log appends); committed when the block ends cleanly."""
+        with self.gate.entered(), self.env.begin(write=True) as txn:
             yield LmdbShardTransaction(txn, self.dbs)
+
+    @contextmanager
+    def read(self) -> Iterator[LmdbShardTransaction]:
+        """A read transaction for one thread and one uninterrupted piece of work.
+
+        Never hold it across an `await` or hand its cursors to another thread:
+        a stream that reads in batches opens one per batch, or holds one with
+        `hold_read`.
+        """
+        with self.gate.entered(), self.env.begin(write=False, buffers=False) as txn:
+            yield LmdbShardTransaction(txn, self.dbs)
+
+    def hold_read(self) -> HeldRead:
+        """One read transaction kept across the batches of a stream (a consistent snapshot)."""
+        return HeldRead(self)
 
     def incarnation(self) -> str:
         """Which copy of the shard's data this is (new when created empty or from a snapshot)."""
-        with self.env.begin(write=False) as txn:
-            value = txn.get(keys.META_INCARNATION, db=self.dbs[keys.DB_META])
+        with self.read() as tx:
+            value = tx.txn.get(keys.META_INCARNATION, db=self.dbs[keys.DB_META])
         return "" if value is None else bytes(value).decode()
 
     def renew_incarnation(self) -> str:
         incarnation = os.urandom(6).hex()
-        with self.env.begin(write=True) as txn:
-            txn.put(keys.META_INCARNATION, incarnation.encode(), db=self.dbs[keys.DB_META])
+        with self.write_transaction() as tx:
+            tx.txn.put(keys.META_INCARNATION, incarnation.encode(), db=self.dbs[keys.DB_META])
         return incarnation
 
     def epoch(self) -> int:
@@ -134,8 +154,8 @@ class ShardEnvironment:
             return tx.meta_int(keys.META_EPOCH)
 
     def set_epoch(self, epoch: int) -> None:
-        with self.env.begin(write=True) as txn:
-            txn.put(keys.META_EPOCH, keys.U64.pack(epoch), db=self.dbs[keys.DB_META])
+        with self.write_transaction() as tx:
+            tx.txn.put(keys.META_EPOCH, keys.U64.pack(epoch), db=self.dbs[keys.DB_META])
 
     def stats(self, *, now_ms: int) -> ShardStats:
         with self.read() as tx:
@@ -144,7 +164,62 @@ class ShardEnvironment:
     def copy_to(self, destination: pathlib.Path) -> None:
         """A consistent, compacted copy of the whole shard (bootstrap and backup)."""
         destination.mkdir(parents=True, exist_ok=True)
-        self.env.copy(str(destination), compact=True)
+        with self.gate.entered():
+            self.env.copy(str(destination), compact=True)
+
+
+class HeldRead:
+    """A read transaction that outlives one call: used by one thread at a time, closed exactly once.
+
+    A stream reads it batch by batch from worker threads; the stream may be
+    cancelled, or the environment closed, while a worker is inside. `release`
+    never waits: if a batch is running, that batch's thread closes the
+    transaction when it finishes, so no cursor is freed under a running thread.
+    """
+
+    _tokens = itertools.count()
+
+    def __init__(self, environment: ShardEnvironment) -> None:
+        self._gate = environment.gate
+        self._token = next(self._tokens)
+        self._lock = threading.Lock()
+        self._release_requested = False
+        self._released = False
+        self._gate.enter()
+        try:
+            self._txn = environment.env.begin(write=False, buffers=False)
+        except BaseException:
+            self._gate.leave()
+            raise
+        self.tx = LmdbShardTransaction(self._txn, environment.dbs)
+        self._gate.hold(self._token, self.release)
+
+    def run(self, work: Callable[[LmdbShardTransaction], T]) -> T:
+        """Run `work` on the held transaction (in the calling thread)."""
+        with self._lock:
+            if self._released:
+                raise EnvironmentClosed(self._gate.what)
+            result = work(self.tx)
+        if self._release_requested:
+            self._release_if_idle()
+        return result
+
+    def release(self) -> None:
+        """Close now if no batch runs, else as soon as the running one returns (any thread)."""
+        self._release_requested = True
+        self._release_if_idle()
+
+    def _release_if_idle(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            return  # the running batch sees the request when it returns
+        try:
+            if not self._released:
+                self._released = True
+                self._txn.abort()
+                self._gate.unhold(self._token)
+                self._gate.leave()
+        finally:
+            self._lock.release()
 
 
 class LmdbShardTransaction:

@@ -84,8 +84,7 @@ def append_as_follower(
     commit_index: int,
     fifo: bool,
 ) -> AppendOutcome:
-    with environment.env.begin(write=True) as txn:
-        tx = LmdbShardTransaction(txn, environment.dbs)
+    with environment.write_transaction() as tx:
         seen = _meta(tx, keys.META_EPOCH)
         if epoch < seen:
             return AppendOutcome(AppendResult.STALE_EPOCH, seen, tx.last_index(), f"epoch {epoch} < {seen}")
@@ -120,7 +119,7 @@ def append_as_follower(
                         AppendResult.NEEDS_SNAPSHOT, epoch, tx.last_index(), "applied a divergent entry"
                     )
                 _truncate_after(tx, index - 1)
-            txn.put(keys.U64.pack(index), data, db=tx._log, append=True)
+            tx.txn.put(keys.U64.pack(index), data, db=tx._log, append=True)
             _put_meta(tx, keys.META_LAST_INDEX, index)
         apply_committed(tx, up_to=commit_index, fifo=fifo)
         return AppendOutcome(AppendResult.OK, epoch, tx.last_index())
@@ -161,16 +160,14 @@ def entry_epoch_at(environment: ShardEnvironment, index: int) -> int | None:
 
 
 def set_epoch_seen(environment: ShardEnvironment, epoch: int) -> None:
-    with environment.env.begin(write=True) as txn:
-        tx = LmdbShardTransaction(txn, environment.dbs)
+    with environment.write_transaction() as tx:
         if epoch > _meta(tx, keys.META_EPOCH):
             _put_meta(tx, keys.META_EPOCH, epoch)
 
 
 def apply_whole_log(environment: ShardEnvironment, *, fifo: bool) -> int:
     """A new leader first applies every entry it holds: they may become committed."""
-    with environment.env.begin(write=True) as txn:
-        tx = LmdbShardTransaction(txn, environment.dbs)
+    with environment.write_transaction() as tx:
         return apply_committed(tx, up_to=tx.last_index(), fifo=fifo)
 
 
