@@ -32,6 +32,27 @@ class Pki:
     # The service-account token signing key; the public half verifies tokens.
     service_account_key: Path
     service_account_public_key: Path
+    # Only with a real node (build_pki(node=...)).
+    node: NodePki | None = None
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    name: str
+    ip: str
+
+
+@dataclass(frozen=True)
+class NodePki:
+    # The kubelet's client certificate (user system:node:<name>, group system:nodes).
+    kubelet_client: KeyPair
+    # The kubelet's serving certificate, so the API server can reach it for logs and exec.
+    kubelet_serving: KeyPair
+    # What the API server presents to the kubelet (group system:masters).
+    apiserver_kubelet_client: KeyPair
+    scheduler: KeyPair
+    # User system:kube-proxy: the bootstrap policy binds it to system:node-proxier.
+    kube_proxy: KeyPair
 
 
 def _new_key() -> ec.EllipticCurvePrivateKey:
@@ -107,11 +128,12 @@ def _write_pair(directory: Path, stem: str, cert: x509.Certificate, key: ec.Elli
     return pair
 
 
-def build_pki(directory: Path, *, service_ip: str) -> Pki:
+def build_pki(directory: Path, *, service_ip: str, node: NodeIdentity | None = None) -> Pki:
     """Write a fresh CA and every certificate the control plane needs into `directory`.
 
     `service_ip` is the ClusterIP of the `kubernetes` Service; it is in the serving
-    certificate as a real cluster's is, although nothing here routes to it.
+    certificate as a real cluster's is; with a real `node`, pods reach the API
+    server through it, and the node's address is in the certificate too.
     """
     directory.mkdir(parents=True, exist_ok=True)
     ca_key = _new_key()
@@ -154,6 +176,8 @@ def build_pki(directory: Path, *, service_ip: str) -> Pki:
         x509.DNSName("kubernetes.default.svc"),
         x509.DNSName("kubernetes.default.svc.cluster.local"),
     ]
+    if node is not None:
+        serving_sans.append(x509.IPAddress(ipaddress.ip_address(node.ip)))
     apiserver = leaf(
         "apiserver",
         _name("kube-apiserver"),
@@ -181,7 +205,32 @@ def build_pki(directory: Path, *, service_ip: str) -> Pki:
     service_account_public_key.write_bytes(
         sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
+    node_pki = None
+    if node is not None:
+        node_pki = NodePki(
+            kubelet_client=leaf(
+                "kubelet-client",
+                _name(f"system:node:{node.name}", "system:nodes"),
+                ExtendedKeyUsageOID.CLIENT_AUTH,
+                [],
+            ),
+            kubelet_serving=leaf(
+                "kubelet-serving",
+                _name(node.name),
+                ExtendedKeyUsageOID.SERVER_AUTH,
+                [x509.IPAddress(ipaddress.ip_address(node.ip)), x509.DNSName(node.name)],
+            ),
+            apiserver_kubelet_client=leaf(
+                "apiserver-kubelet-client",
+                _name("kube-apiserver-kubelet-client", "system:masters"),
+                ExtendedKeyUsageOID.CLIENT_AUTH,
+                [],
+            ),
+            scheduler=leaf("scheduler", _name("system:kube-scheduler"), ExtendedKeyUsageOID.CLIENT_AUTH, []),
+            kube_proxy=leaf("kube-proxy", _name("system:kube-proxy"), ExtendedKeyUsageOID.CLIENT_AUTH, []),
+        )
     return Pki(
+        node=node_pki,
         ca=ca,
         apiserver=apiserver,
         admin=admin,

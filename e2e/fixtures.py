@@ -14,8 +14,21 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e.binaries import Binaries, locate_binaries, require
+from e2e.binaries import Binaries, locate_binaries, require, running_in_ci
 from e2e.kubecluster import ControlPlane, start_control_plane, stop_control_plane
+from e2e.realnode import (
+    Layout,
+    NodeError,
+    NodeInfo,
+    RunningNode,
+    check_host,
+    down,
+    locate_node_binaries,
+    recycle_released_volumes,
+    state_dir,
+    status,
+    up,
+)
 
 # Set to keep the work dir (certificates, kubeconfigs, etcd data, process logs) for a look.
 KEEP_WORKDIR_ENV = "SHARDQ_E2E_KEEP_WORKDIR"
@@ -26,6 +39,10 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "controlplane: runs against the binaries built by e2e/controlplane/build.sh "
         "(etcd, kube-apiserver, kube-controller-manager, kubectl, helm, promtool)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "realnode: runs pods on the real single-node cluster of e2e/realnode.py (root, containerd, kubelet)",
     )
 
 
@@ -87,3 +104,46 @@ def namespace(control_plane: ControlPlane, api_client: client.ApiClient) -> Iter
         except ApiException as error:
             if error.status != 404:
                 raise
+
+
+@pytest.fixture(scope="session")
+def real_node() -> Iterator[RunningNode]:
+    """The real single-node cluster (e2e.realnode): reused if `e2e/cluster up` left one
+    running, else brought up for the session and taken down after it."""
+    node_binaries = locate_node_binaries()
+    require(*node_binaries.__dict__.values())
+    try:
+        check_host()
+    except NodeError as error:
+        if running_in_ci():
+            pytest.fail(str(error), pytrace=False)
+        pytest.skip(str(error))
+    layout = Layout(state_dir())
+    healthy, _ = status(layout)
+    if healthy:
+        yield RunningNode(layout, NodeInfo.load(layout.info))
+        return
+    node = RunningNode(layout, up(layout))
+    try:
+        yield node
+    finally:
+        down(layout)
+
+
+@pytest.fixture
+def node_namespace(real_node: RunningNode) -> Iterator[str]:
+    """A fresh namespace on the real node, deleted (with its pods and claims) after the test."""
+    with real_node.info.api_client() as api:
+        recycle_released_volumes(api, real_node.layout)
+        core = client.CoreV1Api(api)
+        name = f"node-{uuid.uuid4().hex[:10]}"
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    try:
+        yield name
+    finally:
+        with real_node.info.api_client() as api:
+            try:
+                client.CoreV1Api(api).delete_namespace(name)
+            except ApiException as error:
+                if error.status != 404:
+                    raise

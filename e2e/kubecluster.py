@@ -1,8 +1,11 @@
 """A real Kubernetes control plane as local processes: etcd, kube-apiserver and
 kube-controller-manager, all bound to 127.0.0.1 on free ports.
 
-There is no kubelet and no scheduler: pods stay Pending until a test plays the
-kubelet's part with e2e.fakekubelet.
+Alone, there is no kubelet and no scheduler: pods stay Pending until a test
+plays the kubelet's part with e2e.fakekubelet. With a `ClusterNetwork`, it is
+the control plane of the real node (e2e.realnode): the API server listens on
+the node's address, reaches the kubelet for logs and exec, and every controller
+runs (node lifecycle included, since a real kubelet posts node status).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import IO
 from kubernetes import client
 
 from e2e.binaries import Binaries
-from e2e.certificates import KeyPair, Pki, build_pki
+from e2e.certificates import KeyPair, NodeIdentity, Pki, build_pki
 from e2e.polling import wait_for
 
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"  # what k8s' test/integration/framework uses
@@ -39,6 +42,15 @@ SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 _STOP_GRACE_SECONDS = 15.0
 _LOG_TAIL_LINES = 40
 _PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class ClusterNetwork:
+    """Where a real node's cluster lives: the node, and the Service range."""
+
+    node: NodeIdentity
+    service_cidr: str
+    kubernetes_service_ip: str
 
 
 class ControlPlaneError(RuntimeError):
@@ -90,8 +102,11 @@ class ControlPlane:
     pki: Pki
     kubernetes_version: str
     processes: list[Process] = field(default_factory=list)
+    # Set: processes outlive the Python process that started them (`e2e/cluster up`),
+    # and their PIDs are written here, numbered in start order, for whoever stops them.
+    pid_dir: Path | None = None
 
-    def spawn(self, name: str, args: list[str]) -> Process:
+    def spawn(self, name: str, args: list[str], *, env: dict[str, str] | None = None) -> Process:
         log_path = self.workdir / f"{name}.log"
         log_file = log_path.open("wb")
         popen = subprocess.Popen(
@@ -100,15 +115,31 @@ class ControlPlane:
             stdout=log_file,
             stderr=subprocess.STDOUT,
             cwd=self.workdir,
+            env=env,
             # Its own session: a Ctrl-C in the terminal reaches pytest, which then stops
             # the processes in order, rather than every process at once.
             start_new_session=True,
             # Safe here: fixtures spawn from the main thread while no other thread runs.
-            preexec_fn=_die_with_parent,  # noqa: PLW1509
+            preexec_fn=None if self.pid_dir is not None else _die_with_parent,  # noqa: PLW1509
         )
         process = Process(name=name, popen=popen, log_path=log_path, log_file=log_file)
+        if self.pid_dir is not None:
+            self.pid_dir.mkdir(parents=True, exist_ok=True)
+            order = len(list(self.pid_dir.glob("*.pid")))
+            (self.pid_dir / f"{order:02d}-{name}.pid").write_text(f"{popen.pid}\n")
         self.processes.append(process)
         return process
+
+    def forget_detached_processes(self) -> None:
+        """Hand the detached processes over to their PID files: this Python process
+        neither waits for them nor keeps their logs open any more."""
+        assert self.pid_dir is not None, "only detached processes outlive their starter"
+        for process in self.processes:
+            process.log_file.close()
+            # Popen warns when collected while its child runs; whoever reads the PID
+            # file stops it, so this object stops tracking it.
+            process.popen.returncode = 0
+        self.processes.clear()
 
     def ensure_running(self) -> None:
         """Raise ControlPlaneError, with the log's tail, if any process has exited."""
@@ -157,7 +188,7 @@ class ControlPlane:
             raise ControlPlaneError("could not stop: " + "; ".join(errors))
 
 
-def _write_kubeconfig(path: Path, *, server: str, ca: Path, user: str, identity: KeyPair) -> None:
+def write_kubeconfig(path: Path, *, server: str, ca: Path, user: str, identity: KeyPair) -> None:
     # JSON is YAML, so every kubeconfig reader (client-go, kubectl, helm, python) takes it.
     config = {
         "apiVersion": "v1",
@@ -193,24 +224,33 @@ def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
         return False  # e.g. 500 from /readyz while post-start hooks run
 
 
-def start_control_plane(binaries: Binaries, *, workdir: Path, startup_timeout: float = 120.0) -> ControlPlane:
+def start_control_plane(
+    binaries: Binaries,
+    *,
+    workdir: Path,
+    startup_timeout: float = 120.0,
+    network: ClusterNetwork | None = None,
+    pid_dir: Path | None = None,
+) -> ControlPlane:
     """Start etcd, kube-apiserver and kube-controller-manager and wait until they serve.
 
     On failure every started process is stopped and the error carries their logs.
     """
     workdir.mkdir(parents=True, exist_ok=True)
-    pki = build_pki(workdir / "pki", service_ip=KUBERNETES_SERVICE_IP)
+    service_ip = network.kubernetes_service_ip if network is not None else KUBERNETES_SERVICE_IP
+    pki = build_pki(workdir / "pki", service_ip=service_ip, node=network.node if network is not None else None)
     apiserver_port = free_port()
-    server = f"https://127.0.0.1:{apiserver_port}"
+    host = network.node.ip if network is not None else "127.0.0.1"
     plane = ControlPlane(
         workdir=workdir,
-        server=server,
+        server=f"https://{host}:{apiserver_port}",
         kubeconfig=workdir / "admin.kubeconfig",
         pki=pki,
         kubernetes_version=binaries.kubernetes_version,
+        pid_dir=pid_dir,
     )
     try:
-        _start(plane, binaries, apiserver_port=apiserver_port, timeout=startup_timeout)
+        _start(plane, binaries, apiserver_port=apiserver_port, timeout=startup_timeout, network=network)
     except BaseException as error:
         logs = plane.logs()
         plane.stop()
@@ -220,9 +260,33 @@ def start_control_plane(binaries: Binaries, *, workdir: Path, startup_timeout: f
     return plane
 
 
-def _start(plane: ControlPlane, binaries: Binaries, *, apiserver_port: int, timeout: float) -> None:
+def _start(
+    plane: ControlPlane, binaries: Binaries, *, apiserver_port: int, timeout: float, network: ClusterNetwork | None
+) -> None:
     pki = plane.pki
     workdir = plane.workdir
+    if network is None:
+        bind_address, advertise_address = "127.0.0.1", ADVERTISE_ADDRESS
+        service_cidr = SERVICE_CLUSTER_IP_RANGE
+        # Every default controller but node lifecycle: with no kubelet to post node
+        # status it would mark the fake node unreachable and flip every pod that a
+        # test marked Ready back to NotReady (then evict it).
+        controllers = "*,-node-lifecycle-controller"
+        node_flags: list[str] = []
+    else:
+        # Pods reach the API server through the `kubernetes` Service, whose endpoint
+        # is the advertise address: the node's own.
+        bind_address = advertise_address = network.node.ip
+        service_cidr = network.service_cidr
+        controllers = "*"
+        assert pki.node is not None
+        node_flags = [
+            f"--kubelet-client-certificate={pki.node.apiserver_kubelet_client.cert}",
+            f"--kubelet-client-key={pki.node.apiserver_kubelet_client.key}",
+            f"--kubelet-certificate-authority={pki.ca.cert}",
+            # The node's name would resolve to nothing useful; its address is real.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+        ]
 
     etcd_client_port, etcd_peer_port = free_port(), free_port()
     etcd_url = f"http://127.0.0.1:{etcd_client_port}"
@@ -257,9 +321,9 @@ def _start(plane: ControlPlane, binaries: Binaries, *, apiserver_port: int, time
         [
             str(binaries.kube_apiserver),
             f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1",
+            f"--bind-address={bind_address}",
             f"--secure-port={apiserver_port}",
-            f"--advertise-address={ADVERTISE_ADDRESS}",
+            f"--advertise-address={advertise_address}",
             f"--cert-dir={workdir / 'apiserver-certs'}",
             f"--tls-cert-file={pki.apiserver.cert}",
             f"--tls-private-key-file={pki.apiserver.key}",
@@ -268,9 +332,10 @@ def _start(plane: ControlPlane, binaries: Binaries, *, apiserver_port: int, time
             f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
             f"--service-account-key-file={pki.service_account_public_key}",
             f"--service-account-signing-key-file={pki.service_account_key}",
-            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            f"--service-cluster-ip-range={service_cidr}",
             "--profiling=false",
             "--v=1",
+            *node_flags,
         ],
     )
     admin_tls = ssl.create_default_context(cafile=str(pki.ca.cert))
@@ -284,7 +349,7 @@ def _start(plane: ControlPlane, binaries: Binaries, *, apiserver_port: int, time
         check=plane.ensure_running,
     )
 
-    _write_kubeconfig(
+    write_kubeconfig(
         plane.kubeconfig,
         server=plane.server,
         ca=pki.ca.cert,
@@ -292,7 +357,7 @@ def _start(plane: ControlPlane, binaries: Binaries, *, apiserver_port: int, time
         identity=pki.admin,
     )
     controller_manager_kubeconfig = workdir / "controller-manager.kubeconfig"
-    _write_kubeconfig(
+    write_kubeconfig(
         controller_manager_kubeconfig,
         server=plane.server,
         ca=pki.ca.cert,
@@ -305,10 +370,7 @@ def _start(plane: ControlPlane, binaries: Binaries, *, apiserver_port: int, time
             str(binaries.kube_controller_manager),
             f"--kubeconfig={controller_manager_kubeconfig}",
             "--use-service-account-credentials=true",
-            # Every default controller but node lifecycle: with no kubelet to post node
-            # status it would mark the fake node unreachable and flip every pod that a
-            # test marked Ready back to NotReady (then evict it).
-            "--controllers=*,-node-lifecycle-controller",
+            f"--controllers={controllers}",
             f"--service-account-private-key-file={pki.service_account_key}",
             f"--root-ca-file={pki.ca.cert}",
             f"--cluster-signing-cert-file={pki.ca.cert}",

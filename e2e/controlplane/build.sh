@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds (or reuses) the binaries the e2e tests run: kube-apiserver,
-# kube-controller-manager and kubectl (k8s.io/kubernetes), etcd, helm, and
-# extracts promtool from Debian's prometheus package. Versions come from
+# kube-controller-manager and kubectl (k8s.io/kubernetes), the node's kubelet,
+# kube-scheduler and kube-proxy, CoreDNS, etcd, helm, and extracts promtool from Debian's prometheus package. Versions come from
 # versions.env beside this script.
 #
 # Everything goes under ${XDG_CACHE_HOME:-$HOME/.cache}/shardq/, keyed by
@@ -82,20 +82,13 @@ expect_version() {
   log "  $(basename "${bin}"): $(head -n1 <<<"${out}")"
 }
 
-build_kubernetes() {
-  local version="${K8S_VERSION}"
-  local bindir="${cache}/k8s-${version}/bin"
-  local bins=(kube-apiserver kube-controller-manager kubectl)
-  local stamp
-  stamp="$(stamp_of k8s "${version}" "${here}/k8s/go.mod")"
-  if is_complete "${bindir}" "${stamp}" "${bins[@]}"; then
-    log "kubernetes ${version}: up to date in ${bindir}"
-    return
-  fi
-  log "kubernetes ${version}: building ${bins[*]} (cold: about 5 minutes on 2 cores)"
-  local work="${cache}/work/k8s-${version}"
+# prepare_k8s_module WRAPPER_GOMOD WORKDIR: a wrapper module requiring
+# k8s.io/kubernetes at K8S_VERSION with every staging module replaced; sets
+# K8S_LDFLAGS to the release's version stamps.
+prepare_k8s_module() {
+  local wrapper="$1" work="$2" version="${K8S_VERSION}"
   rm -rf "${work}" && mkdir -p "${work}"
-  cp "${here}/k8s/go.mod" "${work}/go.mod"
+  cp "${wrapper}" "${work}/go.mod"
   cd "${work}"
 
   log "kubernetes ${version}: reading the staging modules from k8s.io/kubernetes' go.mod"
@@ -138,7 +131,8 @@ for path in staging:
   build_date="$(go mod download -json "k8s.io/kubernetes@${version}" |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["Info"])' |
     xargs python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["Time"])')"
-  local ldflags="-s -w" pkg key val
+  K8S_LDFLAGS="-s -w"
+  local pkg key val
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     for key in gitVersion gitMajor gitMinor gitTreeState buildDate; do
       case "${key}" in
@@ -148,14 +142,27 @@ for path in staging:
         gitTreeState) val="clean" ;;
         buildDate) val="${build_date}" ;;
       esac
-      ldflags+=" -X ${pkg}.${key}=${val}"
+      K8S_LDFLAGS+=" -X ${pkg}.${key}=${val}"
     done
   done
+}
 
+build_kubernetes() {
+  local version="${K8S_VERSION}"
+  local bindir="${cache}/k8s-${version}/bin"
+  local bins=(kube-apiserver kube-controller-manager kubectl)
+  local stamp
+  stamp="$(stamp_of k8s "${version}" "${here}/k8s/go.mod")"
+  if is_complete "${bindir}" "${stamp}" "${bins[@]}"; then
+    log "kubernetes ${version}: up to date in ${bindir}"
+    return
+  fi
+  log "kubernetes ${version}: building ${bins[*]} (cold: about 5 minutes on 2 cores)"
+  prepare_k8s_module "${here}/k8s/go.mod" "${cache}/work/k8s-${version}"
   local tmp="${bindir}.tmp"
   rm -rf "${tmp}" && mkdir -p "${tmp}"
   log "kubernetes ${version}: compiling (nice -n 10; this is the long step)"
-  gobuild -ldflags "${ldflags}" -o "${tmp}/" \
+  gobuild -ldflags "${K8S_LDFLAGS}" -o "${tmp}/" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kubectl
@@ -164,6 +171,52 @@ for path in staging:
   expect_version "${tmp}/kubectl" "${version}" version --client
   install_bindir "${tmp}" "${bindir}" "${stamp}"
   log "kubernetes ${version}: installed into ${bindir}"
+}
+
+# The real node's Kubernetes binaries, same release, their own bin dir (so the
+# control plane's cached build stays valid).
+build_node() {
+  local version="${K8S_VERSION}"
+  local bindir="${cache}/k8s-node-${version}/bin"
+  local bins=(kubelet kube-scheduler kube-proxy)
+  local stamp
+  stamp="$(stamp_of k8s-node "${version}" "${here}/node/go.mod")"
+  if is_complete "${bindir}" "${stamp}" "${bins[@]}"; then
+    log "node ${version}: up to date in ${bindir}"
+    return
+  fi
+  log "node ${version}: building ${bins[*]} (about 2 minutes once the control plane is built)"
+  prepare_k8s_module "${here}/node/go.mod" "${cache}/work/k8s-node-${version}"
+  local tmp="${bindir}.tmp"
+  rm -rf "${tmp}" && mkdir -p "${tmp}"
+  gobuild -ldflags "${K8S_LDFLAGS}" -o "${tmp}/" \
+    k8s.io/kubernetes/cmd/kubelet \
+    k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kube-proxy
+  expect_version "${tmp}/kubelet" "Kubernetes ${version}" --version
+  expect_version "${tmp}/kube-scheduler" "Kubernetes ${version}" --version
+  expect_version "${tmp}/kube-proxy" "Kubernetes ${version}" --version
+  install_bindir "${tmp}" "${bindir}" "${stamp}"
+  log "node ${version}: installed into ${bindir}"
+}
+
+build_coredns() {
+  local version="${COREDNS_VERSION}"
+  local bindir="${cache}/coredns-${version}/bin"
+  local stamp
+  stamp="$(stamp_of coredns "${version}")"
+  if is_complete "${bindir}" "${stamp}" coredns; then
+    log "coredns ${version}: up to date in ${bindir}"
+    return
+  fi
+  log "coredns ${version}: building (cold: several minutes on 2 cores)"
+  local tmp="${bindir}.tmp"
+  rm -rf "${tmp}" && mkdir -p "${tmp}"
+  # CoreDNS's go.mod has no replace directives, so it installs by version directly.
+  GOBIN="${tmp}" nice -n 10 go install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@${version}"
+  expect_version "${tmp}/coredns" "CoreDNS-${version#v}" -version
+  install_bindir "${tmp}" "${bindir}" "${stamp}"
+  log "coredns ${version}: installed into ${bindir}"
 }
 
 build_etcd() {
@@ -269,9 +322,14 @@ build_etcd
 build_helm
 extract_promtool
 build_kubernetes
+if [[ "${SHARDQ_SKIP_NODE:-}" != 1 ]]; then
+  build_node
+  build_coredns
+fi
 log "all binaries ready in ${cache} ($((SECONDS - started))s)"
 if [[ "${1:-}" == "--print" ]]; then
-  printf 'K8S_BIN=%s\nETCD_BIN=%s\nHELM_BIN=%s\nPROMTOOL_BIN=%s\n' \
+  printf 'K8S_BIN=%s\nETCD_BIN=%s\nHELM_BIN=%s\nPROMTOOL_BIN=%s\nNODE_BIN=%s\nCOREDNS_BIN=%s\n' \
     "${cache}/k8s-${K8S_VERSION}/bin" "${cache}/etcd-${ETCD_VERSION}/bin" \
-    "${cache}/helm-${HELM_VERSION}/bin" "${cache}/promtool-debian/bin"
+    "${cache}/helm-${HELM_VERSION}/bin" "${cache}/promtool-debian/bin" \
+    "${cache}/k8s-node-${K8S_VERSION}/bin" "${cache}/coredns-${COREDNS_VERSION}/bin"
 fi
