@@ -847,9 +847,12 @@ class RunningNode:
         self.layout = layout
         self.info = info
 
-    def restart(self) -> None:
+    def restart(self) -> Leftovers:
+        """Down, then up again; returns what `down` left behind (nothing, if it works)."""
         down(self.layout)
+        remains = leftovers(self.layout)
         self.info = up(self.layout)
+        return remains
 
     def runc_root(self) -> Path:
         return self.layout.runc_root / "k8s.io"
