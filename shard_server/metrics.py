@@ -2,17 +2,28 @@
 
 Counters are bumped once per committed request, never per message in a loop;
 depth gauges are computed from LMDB at scrape time by ShardCollector.
+
+Every sample is a statement about the replica that exports it. In a replicated
+cluster only a shard's leader exports its depth and age gauges (followers hold
+the same messages: summing by queue would count each once per replica); every
+replica exports `shardq_shard_leader` (1 on the leader only) and its epoch.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import platform
+import threading
 from collections.abc import Callable, Iterable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import metadata
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from shard_server.storage.lmdb_store import ShardStats
+from shardq.queues import QueueConfig
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 _LABELS = ("queue", "shard")
@@ -54,40 +65,189 @@ REQUEST_SECONDS = Histogram(
 )
 
 
-class ShardCollector(Collector):
-    """Depth, age, epoch and map usage read from each shard at scrape time."""
+REQUESTS = Counter(
+    "shardq_requests", "RPCs answered, by method and gRPC status code.", ("method", "code"), registry=REGISTRY
+)
+OPEN_STREAMS = Gauge(
+    "shardq_open_streams",
+    "Streaming RPCs open now: consumers, producers, exports, journal reads.",
+    ("method",),
+    registry=REGISTRY,
+)
+SENDS_REFUSED = Counter(
+    "shardq_messages_refused",
+    "Messages a send refused where the shard is, by reason (QUEUE_FULL, NOT_LEADER...).",
+    (*_LABELS, "reason"),
+    registry=REGISTRY,
+)
+PURGES = Counter("shardq_purges", "Purge requests this server applied.", ("queue",), registry=REGISTRY)
+PURGED = Counter("shardq_messages_purged", "Messages removed by purges.", _LABELS, registry=REGISTRY)
+BYTES_IN = Counter("shardq_message_bytes_in", "Body bytes of messages stored by send.", _LABELS, registry=REGISTRY)
+BYTES_OUT = Counter(
+    "shardq_message_bytes_out", "Body bytes of messages handed to receivers.", _LABELS, registry=REGISTRY
+)
+LEADERSHIP_CHANGES = Counter(
+    "shardq_leadership_changes",
+    "This server started (acquired) or stopped (lost) leading a shard.",
+    (*_LABELS, "change"),
+    registry=REGISTRY,
+)
+BUILD = Info("shardq_build", "The shardq and Python versions this server runs.", registry=REGISTRY)
 
-    def __init__(self, shards: Callable[[], Iterable[tuple[str, int, Callable[[], ShardStats]]]]) -> None:
+
+def record_build_info() -> None:
+    try:
+        version = metadata.version("shardq")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    BUILD.info({"version": version, "python": platform.python_version()})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ShardReport:
+    """What one hosted replica says about itself at scrape time."""
+
+    queue: str
+    shard: int
+    leader: bool
+    epoch: int
+    commit_index: int
+    # Read from LMDB on the leader only (None on followers, or while the shard closes).
+    stats: ShardStats | None
+    replicas: int
+    # Leader of a replicated shard only: replicas in sync (itself included), and
+    # how many log entries each follower is behind.
+    in_sync_replicas: int | None = None
+    follower_lag: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+def _limits(config: QueueConfig) -> dict[str, float]:
+    return {
+        "max_depth": config.max_depth,
+        "max_message_bytes": config.max_message_bytes,
+        "visibility_timeout_seconds": config.visibility_timeout_ms / 1000,
+        "retention_seconds": config.retention_ms / 1000,
+        "max_receive_count": config.max_receive_count,
+        "shards": config.shards,
+    }
+
+
+class ShardCollector(Collector):
+    """Depth, age, leadership, replication and limits, read from each shard at scrape time."""
+
+    def __init__(
+        self,
+        shards: Callable[[], Iterable[ShardReport]],
+        queues: Callable[[], Iterable[QueueConfig]],
+        *,
+        now_ms: Callable[[], int],
+    ) -> None:
         self._shards = shards
+        self._queues = queues
+        self._now_ms = now_ms
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        families = {
-            "visible": GaugeMetricFamily("shardq_messages_visible", "Messages receivable now.", labels=_LABELS),
-            "in_flight": GaugeMetricFamily("shardq_messages_in_flight", "Messages claimed.", labels=_LABELS),
-            "delayed": GaugeMetricFamily("shardq_messages_delayed", "Messages not visible yet.", labels=_LABELS),
-            "dead": GaugeMetricFamily(
-                "shardq_messages_dead_letter_pending", "Dead-lettered, not yet handed over.", labels=_LABELS
-            ),
-            "oldest": GaugeMetricFamily(
-                "shardq_oldest_message_timestamp_seconds", "Send time of the oldest message (0: empty).", labels=_LABELS
-            ),
-            "epoch": GaugeMetricFamily("shardq_shard_epoch", "The shard's fencing epoch.", labels=_LABELS),
-            "leader": GaugeMetricFamily("shardq_shard_leader", "1 where this server leads the shard.", labels=_LABELS),
-            "index": GaugeMetricFamily("shardq_shard_commit_index", "Last committed log index.", labels=_LABELS),
-            "used": GaugeMetricFamily("shardq_lmdb_map_used_bytes", "Bytes of LMDB pages in use.", labels=_LABELS),
-            "size": GaugeMetricFamily("shardq_lmdb_map_size_bytes", "LMDB map size.", labels=_LABELS),
+        def gauge(name: str, documentation: str, labels: tuple[str, ...] = _LABELS) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, documentation, labels=labels)
+
+        visible = gauge("shardq_messages_visible", "Messages receivable now (the shard's leader only).")
+        in_flight = gauge("shardq_messages_in_flight", "Messages claimed (the shard's leader only).")
+        delayed = gauge("shardq_messages_delayed", "Messages not visible yet (the shard's leader only).")
+        dead = gauge("shardq_messages_dead_letter_pending", "Dead-lettered, not yet handed over (leader only).")
+        oldest = gauge(
+            "shardq_oldest_message_timestamp_seconds", "Send time of the oldest message (no sample when empty)."
+        )
+        age = gauge("shardq_oldest_message_age_seconds", "Age of the oldest message; 0 when the shard is empty.")
+        epoch = gauge("shardq_shard_epoch", "The fencing epoch this replica knows.")
+        leader = gauge("shardq_shard_leader", "1 on the replica that leads (serves) the shard, else 0.")
+        index = gauge("shardq_shard_commit_index", "Last committed log index this replica knows.")
+        replicas = gauge("shardq_shard_replicas", "Replicas the shard is placed on.")
+        isr = gauge("shardq_shard_in_sync_replicas", "Replicas in sync, the leader included (leader only).")
+        lag = gauge(
+            "shardq_follower_lag_entries",
+            "Log entries a follower is behind its leader (leader only).",
+            (*_LABELS, "follower"),
+        )
+        used = gauge("shardq_lmdb_map_used_bytes", "Bytes of LMDB pages in use (leader only).")
+        size = gauge("shardq_lmdb_map_size_bytes", "LMDB map size (leader only).")
+        now_ms = self._now_ms()
+        for report in self._shards():
+            labels = [report.queue, str(report.shard)]
+            leader.add_metric(labels, 1 if report.leader else 0)
+            epoch.add_metric(labels, report.epoch)
+            index.add_metric(labels, report.commit_index)
+            replicas.add_metric(labels, report.replicas)
+            if report.in_sync_replicas is not None:
+                isr.add_metric(labels, report.in_sync_replicas)
+            for follower, behind in sorted(report.follower_lag.items()):
+                lag.add_metric([*labels, follower], behind)
+            stats = report.stats
+            if stats is None:
+                continue
+            visible.add_metric(labels, stats.visible)
+            in_flight.add_metric(labels, stats.in_flight)
+            delayed.add_metric(labels, stats.delayed)
+            dead.add_metric(labels, stats.dead_letter_pending)
+            if stats.oldest_sent_at_ms:
+                oldest.add_metric(labels, stats.oldest_sent_at_ms / 1000)
+                age.add_metric(labels, max(now_ms - stats.oldest_sent_at_ms, 0) / 1000)
+            else:
+                age.add_metric(labels, 0)
+            used.add_metric(labels, stats.map_used_bytes)
+            size.add_metric(labels, stats.map_size_bytes)
+        yield from (
+            visible,
+            in_flight,
+            delayed,
+            dead,
+            oldest,
+            age,
+            epoch,
+            leader,
+            index,
+            replicas,
+            isr,
+            lag,
+            used,
+            size,
+        )
+        limit_families = {
+            name: gauge(
+                f"shardq_queue_{name}", f"The queue's configured {name.replace('_', ' ')} (0: none).", ("queue",)
+            )
+            for name in ("max_depth", "max_message_bytes", "visibility_timeout_seconds", "retention_seconds")
         }
-        for queue, shard, read_stats in self._shards():
-            stats = read_stats()
-            labels = [queue, str(shard)]
-            families["visible"].add_metric(labels, stats.visible)
-            families["in_flight"].add_metric(labels, stats.in_flight)
-            families["delayed"].add_metric(labels, stats.delayed)
-            families["dead"].add_metric(labels, stats.dead_letter_pending)
-            families["oldest"].add_metric(labels, stats.oldest_sent_at_ms / 1000)
-            families["epoch"].add_metric(labels, stats.epoch)
-            families["leader"].add_metric(labels, 1)
-            families["index"].add_metric(labels, stats.last_index)
-            families["used"].add_metric(labels, stats.map_used_bytes)
-            families["size"].add_metric(labels, stats.map_size_bytes)
-        yield from families.values()
+        limit_families["max_receive_count"] = gauge(
+            "shardq_queue_max_receives", "Receives before a message is dead-lettered; 0: never.", ("queue",)
+        )
+        limit_families["shards"] = gauge("shardq_queue_shards", "Shards the queue has.", ("queue",))
+        for config in self._queues():
+            for name, value in _limits(config).items():
+                limit_families[name].add_metric([config.name], value)
+        yield from limit_families.values()
+
+
+class _MetricsHandler(BaseHTTPRequestHandler):
+    registry: CollectorRegistry = REGISTRY
+
+    def do_GET(self) -> None:
+        if self.path.split("?", 1)[0] != "/metrics":
+            self.send_error(404, "metrics are served at /metrics only")
+            return
+        body = generate_latest(self.registry)
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Scrapes are not worth a log line each."""
+
+
+def start_metrics_server(host: str, port: int) -> ThreadingHTTPServer:
+    """Serve /metrics (and only that path) from a daemon thread."""
+    server = ThreadingHTTPServer((host, port), _MetricsHandler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    return server

@@ -15,15 +15,16 @@ from collections.abc import Sequence
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import start_http_server
 
 from shard_server import metrics
 from shard_server.cluster import ClusterFile
 from shard_server.runtime import background
+from shard_server.runtime.committing import wall_clock_ms
 from shard_server.runtime.forwarding import Router
 from shard_server.runtime.hosting import QueueHost
 from shard_server.runtime.replicating import PeerChannels, ShardReplica
 from shard_server.service.exporting import ExportServicer
+from shard_server.service.observing import ObservingInterceptor
 from shard_server.service.queues import QueueServicer
 from shard_server.service.replication import ReplicationServicer
 from shard_server.storage.lease_store import LocalLeaseStore
@@ -87,39 +88,49 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         router=router,
     )
     server = grpc.aio.server(
+        interceptors=[ObservingInterceptor()],
         options=[
             ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
-        ]
+        ],
     )
     queue_pb2_grpc.add_QueueServiceServicer_to_server(QueueServicer(host), server)
     export_pb2_grpc.add_ExportServiceServicer_to_server(ExportServicer(host), server)
-    replication_servicer = ReplicationServicer(
-        host, server_id=settings.server_id, address=f"{settings.host}:{settings.port}"
-    )
-    replication_pb2_grpc.add_ReplicationServiceServicer_to_server(replication_servicer, server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    service_names = (
+    service_names = [
         queue_pb2.DESCRIPTOR.services_by_name["QueueService"].full_name,
         export_pb2.DESCRIPTOR.services_by_name["ExportService"].full_name,
         health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-        replication_pb2.DESCRIPTOR.services_by_name["ReplicationService"].full_name,
         reflection.SERVICE_NAME,
-    )
+    ]
+    replication_servicer = None
+    if settings.cluster is not None:
+        # Replicas only: a standalone server has no peers, and its clients no business there.
+        replication_servicer = ReplicationServicer(
+            host, server_id=settings.server_id, address=f"{settings.host}:{settings.port}"
+        )
+        replication_pb2_grpc.add_ReplicationServiceServicer_to_server(replication_servicer, server)
+        service_names.append(replication_pb2.DESCRIPTOR.services_by_name["ReplicationService"].full_name)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(service_names, server)
     port = server.add_insecure_port(f"{settings.host}:{settings.port}")
     if port == 0:
         raise SystemExit(f"shardq: cannot listen on {settings.host}:{settings.port}")
     host.advertised_address = f"{settings.host}:{port}"
-    replication_servicer.address = host.advertised_address
+    if replication_servicer is not None:
+        replication_servicer.address = host.advertised_address
 
-    collector = metrics.ShardCollector(lambda: [(q, i, shard.stats) for q, i, shard in host.shard_stats_sources()])
+    collector = metrics.ShardCollector(
+        lambda: [shard.report() for _, _, shard in host.shard_stats_sources()],
+        lambda: [queue.config for queue in host.queues.values()],
+        now_ms=wall_clock_ms,
+    )
     metrics.REGISTRY.register(collector)
+    metrics.record_build_info()
     metrics_server = None
     if settings.metrics_port is not None:
-        metrics_server, _ = start_http_server(settings.metrics_port, addr=settings.host, registry=metrics.REGISTRY)
+        metrics_server = metrics.start_metrics_server(settings.host, settings.metrics_port)
 
     tasks = [asyncio.create_task(background.keep_shard_tidy(shard)) for _, _, shard in host.shard_stats_sources()]
     tasks += [
@@ -172,4 +183,5 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         metrics.REGISTRY.unregister(collector)
         if metrics_server is not None:
             metrics_server.shutdown()
+            metrics_server.server_close()
         log.info("stopped")

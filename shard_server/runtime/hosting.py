@@ -8,6 +8,7 @@ may have made a message visible.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -31,6 +32,7 @@ from shard_server.domain.routing import choose_shard
 from shard_server.domain.sending import SendOutcome
 from shard_server.runtime.committing import CommitReport, GroupCommitter, Work, WriterThreads, wall_clock_ms
 from shard_server.runtime.forwarding import FORWARDED, Router
+from shard_server.storage.closing_gate import EnvironmentClosed
 from shard_server.storage.lmdb_store import (
     DEFAULT_MAP_SIZE,
     LmdbShardTransaction,
@@ -103,6 +105,9 @@ class HostedShard:
         self.dead_lettered = metrics.DEAD_LETTERED.labels(*labels, receiving.DEAD_LETTER_REASON_MAX_RECEIVES)
         self._commits = metrics.COMMITS.labels(*labels)
         self._batch = metrics.COMMIT_BATCH.labels(*labels)
+        self.bytes_in = metrics.BYTES_IN.labels(*labels)
+        self.bytes_out = metrics.BYTES_OUT.labels(*labels)
+        self.purged = metrics.PURGED.labels(*labels)
         self.committer = GroupCommitter(
             environment,
             self.context,
@@ -165,6 +170,36 @@ class HostedShard:
 
     def stats(self) -> ShardStats:
         return self.environment.stats(now_ms=wall_clock_ms())
+
+    def report(self) -> metrics.ShardReport:
+        """What this replica says about itself on /metrics (depth only where it leads)."""
+        leading = self.is_local_leader()
+        stats = None
+        if leading:
+            with contextlib.suppress(EnvironmentClosed):  # replaced or shutting down: no depth now
+                stats = self.stats()
+        replica = self.replica
+        if replica is None:
+            return metrics.ShardReport(
+                queue=self.queue.config.name,
+                shard=self.index,
+                leader=True,
+                epoch=self.epoch,
+                commit_index=self.last_written_index,
+                stats=stats,
+                replicas=1,
+            )
+        return metrics.ShardReport(
+            queue=self.queue.config.name,
+            shard=self.index,
+            leader=leading,
+            epoch=self.epoch,
+            commit_index=replica.commit_index,
+            stats=stats,
+            replicas=len(replica.replicas),
+            in_sync_replicas=len(replica.isr) if leading else None,
+            follower_lag=replica.follower_lag() if leading else {},
+        )
 
     def count_rejections(self, reasons: Iterable[Reason | None]) -> None:
         for reason in reasons:
@@ -295,6 +330,8 @@ class HostedQueue:
                 else:
                     stored = await self._send_remote(index, batch)
             except ShardqError as error:
+                if local is not None:  # a remote leader counts its own refusals
+                    metrics.SENDS_REFUSED.labels(self.config.name, str(index), error.reason.value).inc(len(positions))
                 for position in positions:
                     entries[position] = SendOutcome("", 0, index, False, error)
                 return
@@ -319,6 +356,9 @@ class HostedQueue:
         )
         duplicates = sum(1 for outcome in outcomes if outcome.duplicate)
         shard.sent.inc(len(outcomes) - duplicates)
+        shard.bytes_in.inc(
+            sum(len(message.body) for message, outcome in zip(batch, outcomes, strict=True) if not outcome.duplicate)
+        )
         if duplicates:
             shard.duplicates.inc(duplicates)
         return outcomes
@@ -452,6 +492,7 @@ class HostedQueue:
                 answer_before_commit=True,
             )
             claimed_bytes += outcome.claimed_bytes
+            shard.bytes_out.inc(outcome.claimed_bytes)
             if outcome.dead_lettered:
                 shard.dead_lettered.inc(outcome.dead_lettered)
                 self.wake_dead_letter_mover()
@@ -605,6 +646,10 @@ class HostedQueue:
                 for shard in local
             )
         )
+        for shard, count in zip(local, counts, strict=True):
+            shard.purged.inc(count)
+        if not forwarded:
+            metrics.PURGES.labels(self.config.name).inc()
         total = sum(counts)
         if not forwarded and self.router is not None:
             for leader in self.remote_leaders():

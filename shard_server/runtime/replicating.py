@@ -27,7 +27,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 import grpc
+from prometheus_client import Counter
 
+from shard_server import metrics
 from shard_server.cluster import ClusterFile, lease_name
 from shard_server.leases.fencing import (
     build_abdication,
@@ -137,12 +139,20 @@ class ShardReplica:
         self._incarnations: dict[str, str] = {server_id: self.incarnation}
         self._recorded_incarnations: dict[str, str] = {}
 
+    def _leadership_changes(self, change: str) -> Counter:
+        return metrics.LEADERSHIP_CHANGES.labels(self.shard.queue.config.name, str(self.shard.index), change)
+
     # -- what the rest of the server asks ------------------------------------------
     def is_serving(self) -> bool:
         return self.role is Role.LEADER and monotonic_ms() < self._serving_until_ms
 
     def leader_address(self) -> str:
         return self.cluster.servers.get(self.leader_id, "")
+
+    def follower_lag(self) -> dict[str, int]:
+        """Log entries each follower is behind this leader's last written entry."""
+        last = self.shard.last_written_index
+        return {follower: max(last - self._match.get(follower, 0), 0) for follower in self.followers}
 
     def require_serving(self) -> None:
         if not self.is_serving():
@@ -242,6 +252,7 @@ class ShardReplica:
             return
         self._leader_tasks = [asyncio.create_task(self._ship(f)) for f in self.followers]
         self._advance_commit()
+        self._leadership_changes("acquired").inc()
         log.info("%s: leading at epoch %d (log up to %d, ISR %s)", self.name, epoch, last, sorted(self.isr))
         self.shard.queue.wake()
 
@@ -270,6 +281,8 @@ class ShardReplica:
         if self.role is not Role.LEADER and self.role is not Role.PROMOTING:
             return
         log.warning("%s: stepping down: %s", self.name, why)
+        if self.role is Role.LEADER:
+            self._leadership_changes("lost").inc()
         self.role = Role.FOLLOWER
         self._serving_until_ms = 0
         # Fail waiting writes first, synchronously: nothing below may prevent it.

@@ -37,6 +37,7 @@ class Cluster:
         servers = sorted({server for replicas in self.placement for server in replicas})
         self.servers = servers
         self.ports = {server: free_port() for server in servers}
+        self.metrics_ports = {server: free_port() for server in servers}
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.cluster_file = root / "cluster.json"
         self.cluster_file.write_text(
@@ -78,10 +79,14 @@ class Cluster:
             sys.executable, "-m", "shardq", "serve",
             "--cluster-file", str(self.cluster_file), "--server-id", server,
             "--lease-store", str(self.root / "leases.lmdb"), "--data-dir", str(self.root / server),
-            "--port", str(self.ports[server]), "--log-format", "text",
+            "--port", str(self.ports[server]), "--metrics-port", str(self.metrics_ports[server]),
+            "--log-format", "text",
         ]  # fmt: skip
         self.processes[server] = subprocess.Popen(command, stdout=log, stderr=log)
         log.close()
+
+    def metrics_url(self, server: str) -> str:
+        return f"http://127.0.0.1:{self.metrics_ports[server]}/metrics"
 
     def kill(self, server: str) -> None:
         process = self.processes.pop(server)

@@ -1,0 +1,34 @@
+"""Reading a server's /metrics as Prometheus would: samples by name and labels."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def scrape_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text: str = response.read().decode()
+    return text
+
+
+def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """{(sample name, labels): value} of one exposition."""
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return found
+
+
+def values(found: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> list[float]:
+    """Values of every sample called `name` whose labels include `labels`."""
+    wanted = set(labels.items())
+    return [value for (sample, have), value in found.items() if sample == name and wanted <= have]
+
+
+def value(found: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+    matching = values(found, name, **labels)
+    assert len(matching) == 1, f"expected one {name}{labels}, found {len(matching)}"
+    return matching[0]
