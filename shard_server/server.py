@@ -23,6 +23,7 @@ from shard_server.runtime.committing import wall_clock_ms
 from shard_server.runtime.forwarding import Router
 from shard_server.runtime.hosting import QueueHost
 from shard_server.runtime.replicating import PeerChannels, ShardReplica
+from shard_server.service.decoding import RejectingUndecodable
 from shard_server.service.exporting import ExportServicer
 from shard_server.service.observing import ObservingInterceptor
 from shard_server.service.queues import QueueServicer
@@ -88,7 +89,7 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         router=router,
     )
     server = grpc.aio.server(
-        interceptors=[ObservingInterceptor()],
+        interceptors=[ObservingInterceptor(), RejectingUndecodable()],
         options=[
             ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),

@@ -98,6 +98,8 @@ class ProducerStream:
     def __init__(self, stub: queue_pb2_grpc.QueueServiceStub) -> None:
         self._requests: asyncio.Queue[queue_pb2.SendStreamRequest | None] = asyncio.Queue()
         self._waiting: dict[int, asyncio.Future[queue_pb2.SendMessagesResponse]] = {}
+        # Which queue each waiting batch went to: refusals name it.
+        self._queues: dict[int, str] = {}
         self._ids = itertools.count(1)
         self._call = stub.SendStream(self._request_iterator())  # type: ignore[arg-type]  # aio stubs take async iterators
         self._reader = asyncio.create_task(self._read_answers())
@@ -110,10 +112,11 @@ class ProducerStream:
         try:
             async for answer in self._call:  # type: ignore[attr-defined]  # an aio call is async-iterable
                 future = self._waiting.pop(answer.request_id, None)
+                queue = self._queues.pop(answer.request_id, "")
                 if future is None or future.done():
                     continue
                 if answer.HasField("error"):
-                    future.set_exception(error_from_stream(answer.error))
+                    future.set_exception(error_from_stream(answer.error, queue=queue))
                 else:
                     future.set_result(answer.response)
         except grpc.RpcError as error:
@@ -137,6 +140,7 @@ class ProducerStream:
         request_id = next(self._ids)
         future: asyncio.Future[queue_pb2.SendMessagesResponse] = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = future
+        self._queues[request_id] = queue
         self._requests.put_nowait(
             queue_pb2.SendStreamRequest(
                 request_id=request_id, batch=queue_pb2.SendMessagesRequest(queue=queue, messages=messages)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardq.durations import parse_duration_ms
+from shardq.errors import InvalidArgument
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -53,6 +54,18 @@ class QueueConfig:
 
     def __post_init__(self) -> None:
         validate_queue_config(self)
+
+
+def check_queue_name(name: str) -> None:
+    """Raise InvalidArgument unless `name` could be a queue's name; never echoes more than a little of it."""
+    if not name:
+        raise InvalidArgument("queue", "a queue name is required")
+    if not QUEUE_NAME.fullmatch(name):
+        shown = repr(name[:40]) + ("..." if len(name) > 40 else "")
+        raise InvalidArgument(
+            "queue",
+            f"{shown} ({len(name)} characters) is not a queue name: a DNS label (a-z, 0-9, '-', at most 63)",
+        )
 
 
 def validate_queue_config(config: QueueConfig) -> None:

@@ -41,7 +41,7 @@ from shard_server.storage.lmdb_store import (
 )
 from shardq.api.v1 import queue_pb2
 from shardq.errors import NotLeader, QueueNotFound, Reason, ShardqError
-from shardq.queues import QueueConfig
+from shardq.queues import QueueConfig, check_queue_name
 from shardq.receipts import MalformedReceipt, Receipt, decode_receipt
 from shardq.status import build_error, error_from_rpc
 
@@ -758,6 +758,7 @@ class QueueHost:
     def get(self, name: str) -> HostedQueue:
         queue = self.queues.get(name)
         if queue is None:
+            check_queue_name(name)  # before echoing it back in an error
             raise QueueNotFound(name)
         return queue
 
