@@ -9,6 +9,7 @@ import functools
 import logging
 import pathlib
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -60,6 +61,19 @@ class ServerSettings:
     cluster: ClusterFile | None = None
     server_id: str = ""
     lease_store: pathlib.Path | None = None
+
+
+def _can_bind(settings: ServerSettings) -> bool:
+    if settings.port == 0:
+        return True
+    try:
+        family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
+            probe.bind((settings.host, settings.port))
+    except OSError:
+        return False
+    return True
 
 
 async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) -> None:
@@ -115,9 +129,16 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(service_names, server)
-    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    try:
+        # Checked first: gRPC's own failure is a log line from its C core, then an exception.
+        port = server.add_insecure_port(f"{settings.host}:{settings.port}") if _can_bind(settings) else 0
+    except RuntimeError:
+        port = 0  # newer grpc raises where older ones returned 0
     if port == 0:
-        raise SystemExit(f"shardq: cannot listen on {settings.host}:{settings.port}")
+        raise SystemExit(
+            f"shardq: cannot listen on {settings.host}:{settings.port}: the port is in use or the address is not "
+            "this machine's; choose another --port or --host"
+        )
     host.advertised_address = f"{settings.host}:{port}"
     if replication_servicer is not None:
         replication_servicer.address = host.advertised_address
@@ -131,7 +152,13 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
     metrics.record_build_info()
     metrics_server = None
     if settings.metrics_port is not None:
-        metrics_server = metrics.start_metrics_server(settings.host, settings.metrics_port)
+        try:
+            metrics_server = metrics.start_metrics_server(settings.host, settings.metrics_port)
+        except OSError as error:
+            raise SystemExit(
+                f"shardq: cannot serve metrics on {settings.host}:{settings.metrics_port}: {error.strerror}; "
+                "choose another --metrics-port"
+            ) from None
 
     tasks = [asyncio.create_task(background.keep_shard_tidy(shard)) for _, _, shard in host.shard_stats_sources()]
     tasks += [

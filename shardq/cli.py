@@ -23,7 +23,7 @@ import click
 from shardq.aio import DEFAULT_ENDPOINT
 from shardq.client import Client
 from shardq.durations import parse_duration_ms
-from shardq.errors import ShardqError
+from shardq.errors import Reason, ShardqError
 from shardq.types import Message, ReceivedMessage
 
 P = ParamSpec("P")
@@ -60,6 +60,28 @@ class Rate(click.ParamType[float]):
 DURATION = Duration()
 
 
+def explain(error: ShardqError, endpoint: str | None) -> str:
+    """One line saying what went wrong and what to check; transport failures in words."""
+    text = str(error)
+    if error.reason is not Reason.UNAVAILABLE or endpoint is None:
+        return text
+    if "Connection refused" in text:
+        return (
+            f"no shardq server at {endpoint} (connection refused): is `shardq serve` running there? "
+            "Check --endpoint or SHARDQ_ENDPOINT."
+        )
+    if "HTTP/2" in text or "Expected SETTINGS frame" in text:
+        return (
+            f"{endpoint} is not a shardq gRPC endpoint (it does not speak HTTP/2; a metrics or web port?): "
+            "check --endpoint."
+        )
+    if "Deadline" in text or "timed out" in text.lower():
+        return f"{endpoint} did not answer in time: check that the server is up and reachable ({text})"
+    if "DNS resolution failed" in text or "Name or service not known" in text:
+        return f"cannot resolve the host of {endpoint}: check --endpoint."
+    return f"{endpoint}: {text}"
+
+
 def fail_cleanly(command: Callable[P, R]) -> Callable[P, R]:
     """One-line reason and a non-zero exit for any queue error."""
 
@@ -68,7 +90,8 @@ def fail_cleanly(command: Callable[P, R]) -> Callable[P, R]:
         try:
             return command(*args, **kwargs)
         except ShardqError as error:
-            raise click.ClickException(str(error)) from None
+            endpoint = kwargs.get("endpoint")
+            raise click.ClickException(explain(error, endpoint if isinstance(endpoint, str) else None)) from None
 
     return wrapper
 
@@ -251,8 +274,19 @@ def _report_entries(kind: str, results: list[Any]) -> None:
 def delete(endpoint: str, queue: str, receipts: tuple[str, ...]) -> None:
     """Delete received messages by receipt."""
     with Client(endpoint) as client:
-        _report_entries("delete", client.delete_messages(queue, list(receipts)))
-    click.echo(f"deleted {len(receipts)}")
+        results = client.delete_messages(queue, list(receipts))
+    # One line per receipt, in the order given: some may succeed while others fail.
+    for receipt, result in zip(receipts, results, strict=True):
+        shown = receipt if len(receipt) <= 24 else receipt[:21] + "..."
+        if result.ok:
+            click.echo(f"deleted\t{shown}")
+        else:
+            click.echo(f"failed\t{shown}\t{result.reason}: {result.message}")
+    reasons = sorted({result.reason for result in results if not result.ok})
+    if reasons:
+        failed = sum(1 for result in results if not result.ok)
+        others = " (the others were deleted)" if failed < len(results) else ""
+        raise click.ClickException(f"{failed} of {len(results)} deletes failed: {', '.join(reasons)}{others}")
 
 
 @main.command("change-visibility")

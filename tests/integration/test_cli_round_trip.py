@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import pathlib
 import subprocess
 import sys
 
-from tests.integration.harness import ServerProcess
+from tests.integration.harness import ServerProcess, free_port
 
 QUEUE = "orders-dlq"
 
@@ -45,7 +46,7 @@ def test_send_receive_delete_stats_purge(server: ServerProcess) -> None:
     assert (received["id"], received["body"], received["attributes"]) == (sent["id"], "hello", {"k": "v"})
     assert stats(server) == {"visible": 0, "in_flight": 1, "delayed": 0}
 
-    assert ok(server, "delete", "--queue", QUEUE, "--receipt", received["receipt"]).strip() == "deleted 1"
+    assert ok(server, "delete", "--queue", QUEUE, "--receipt", received["receipt"]).startswith("deleted\t")
     assert stats(server) == {"visible": 0, "in_flight": 0, "delayed": 0}
 
     for i in range(3):
@@ -69,4 +70,67 @@ def test_errors_exit_non_zero_with_a_one_line_reason(server: ServerProcess) -> N
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1, (args, done.stderr)
         assert expected in lines[0], (args, lines[0])
+        assert "Traceback" not in done.stderr
+
+
+def test_delete_reports_each_receipt_and_deletes_the_good_ones(server: ServerProcess) -> None:
+    for body in ("first", "second"):
+        ok(server, "send", "--queue", QUEUE, "--body", body)
+    received = [
+        json.loads(line)
+        for line in ok(server, "receive", "--queue", QUEUE, "--max", "2", "--visibility", "60s", "--json").splitlines()
+    ]
+    assert len(received) == 2
+    good, other = received[0]["receipt"], received[1]["receipt"]
+
+    done = shardq(server, "delete", "--queue", QUEUE, "--receipt", good, "--receipt", "junk", "--receipt", other)
+    assert done.returncode != 0
+    outcomes = [line.split("\t")[0] for line in done.stdout.splitlines()]
+    assert outcomes == ["deleted", "failed", "deleted"]
+    assert "MALFORMED_RECEIPT" in done.stdout.splitlines()[1]
+    assert done.stderr.strip().splitlines() == [
+        "Error: 1 of 3 deletes failed: MALFORMED_RECEIPT (the others were deleted)"
+    ]
+    assert stats(server) == {"visible": 0, "in_flight": 0, "delayed": 0}
+
+    # Deleting again with a receipt whose message is gone says so.
+    again = shardq(server, "delete", "--queue", QUEUE, "--receipt", good)
+    assert again.returncode != 0
+    assert "MESSAGE_NOT_FOUND" in again.stdout
+    assert "no longer stored (deleted, expired or dead-lettered)" in again.stdout
+
+
+def test_connection_problems_say_what_to_check(server: ServerProcess) -> None:
+    closed = f"127.0.0.1:{free_port()}"
+    metrics = server.metrics_url.removeprefix("http://").removesuffix("/metrics")
+    for endpoint, expected in (
+        (closed, f"no shardq server at {closed} (connection refused)"),
+        (metrics, f"{metrics} is not a shardq gRPC endpoint"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "shardq", "receive", "--queue", QUEUE, "--endpoint", endpoint],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 1
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, done.stderr
+        assert expected in lines[0]
+
+
+def test_serve_on_a_port_in_use_says_so_in_one_line(server: ServerProcess, tmp_path: pathlib.Path) -> None:
+    for flags in (("--port", str(server.port)), ("--port", str(free_port()), "--metrics-port", str(server.port))):
+        done = subprocess.run(
+            [sys.executable, "-m", "shardq", "serve", "--data-dir", str(tmp_path / "other"), "--queue", "q", *flags],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode != 0
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, done.stderr
+        assert "choose another --" in lines[0]
         assert "Traceback" not in done.stderr
