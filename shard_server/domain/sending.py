@@ -34,20 +34,22 @@ class SendOutcome:
     error: ShardqError | None = None
 
 
-def shard_depth_limit(context: ShardContext) -> int:
-    """A queue's max depth split evenly across its shards (0: unbounded)."""
-    depth = context.config.max_depth
-    if depth == 0:
-        return 0
-    return -(-depth // context.config.shards)
-
-
 def send_messages(
-    store: ShardStore, context: ShardContext, messages: Sequence[NewMessage], *, now_ms: int
+    store: ShardStore,
+    context: ShardContext,
+    messages: Sequence[NewMessage],
+    *,
+    now_ms: int,
+    other_shards_depth: int = 0,
 ) -> list[SendOutcome]:
-    """Store the messages, or raise QueueFull having stored none of them."""
-    limit = shard_depth_limit(context)
-    if limit and store.message_count() + len(messages) > limit:
+    """Store the messages, or raise QueueFull having stored none of them.
+
+    `max_depth` bounds the whole queue: `other_shards_depth` is what the queue's
+    other shards hold, so a queue drained below its limit accepts sends on any
+    shard, however unevenly its shards filled.
+    """
+    max_depth = context.config.max_depth
+    if max_depth and store.message_count() + other_shards_depth + len(messages) > max_depth:
         raise QueueFull(context.config.name, QUEUE_FULL_RETRY_AFTER_MS)
     window = context.config.dedup_window_ms
     outcomes: list[SendOutcome] = []

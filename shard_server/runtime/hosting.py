@@ -40,7 +40,7 @@ from shard_server.storage.lmdb_store import (
     ShardStats,
 )
 from shardq.api.v1 import queue_pb2
-from shardq.errors import NotLeader, QueueNotFound, Reason, ShardqError
+from shardq.errors import InvalidArgument, NotLeader, QueueNotFound, Reason, ShardqError
 from shardq.queues import QueueConfig, check_queue_name
 from shardq.receipts import MalformedReceipt, Receipt, decode_receipt
 from shardq.status import build_error, error_from_rpc
@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 
 _SHARD_DIR = re.compile(r"shard-(\d+)")
 LOAD_WINDOW_S = 5.0
+# How stale the depth of shards led elsewhere may be when max_depth is checked.
+REMOTE_DEPTH_REFRESH_S = 1.0
 # How often a waiting receiver in a cluster asks the other leaders again.
 REMOTE_POLL_MS = 250
 # What one receive may claim, in message bytes: the response must stay under
@@ -233,6 +235,9 @@ class HostedQueue:
         self.dead_letters_waiting = asyncio.Event()
         _refuse_orphaned_shards(config, directory)
         self.directory = directory
+        # Depth of shards led elsewhere, as their leaders last reported (max_depth).
+        self._remote_depth: dict[int, int] = {}
+        self._remote_depth_read_at = 0.0
         self.map_size = map_size
         self.shards: list[HostedShard] = []
         indexes = range(config.shards) if local_shards is None else local_shards
@@ -255,6 +260,38 @@ class HostedQueue:
         return ShardEnvironment(
             self.directory / f"shard-{index}", queue=self.config.name, shard=index, map_size=self.map_size
         )
+
+    async def _other_shards_depth(self, target: int) -> int:
+        """Messages held by the queue's shards other than `target` (for max_depth).
+
+        Shards led here are read now; shards led elsewhere count as their leaders
+        last reported, at most REMOTE_DEPTH_REFRESH_S ago. Concurrent sends to
+        different shards may each miss the other's batch: the queue may then
+        exceed max_depth by up to one batch per shard.
+        """
+        local = sum(shard.message_count() for shard in self.shards if shard.index != target and shard.is_local_leader())
+        if self.router is None:
+            return local
+        if time.monotonic() - self._remote_depth_read_at >= REMOTE_DEPTH_REFRESH_S:
+            self._remote_depth_read_at = time.monotonic()
+            await self._read_remote_depth()
+        remote = sum(
+            depth for index, depth in self._remote_depth.items() if index != target and self.leader_here(index) is None
+        )
+        return local + remote
+
+    async def _read_remote_depth(self) -> None:
+        assert self.router is not None
+        request = queue_pb2.GetQueueAttributesRequest(queue=self.config.name)
+        for leader in self.remote_leaders():
+            try:
+                answer = await self.router.stub_for(leader).GetQueueAttributes(request, metadata=FORWARDED, timeout=2)
+            except grpc.RpcError:
+                continue  # keep its last report
+            for shard in answer.shards:
+                self._remote_depth[shard.shard] = (
+                    shard.visible + shard.in_flight + shard.delayed + shard.dead_letter_pending
+                )
 
     def leader_here(self, index: int) -> HostedShard | None:
         shard = self.by_index.get(index)
@@ -307,6 +344,13 @@ class HostedQueue:
         Shards led elsewhere get their part forwarded to the leader, unless this
         call was itself forwarded: then they are refused with NOT_LEADER.
         """
+        max_depth = self.config.max_depth
+        if max_depth and len(messages) > max_depth:
+            # No retry can succeed: say so, rather than "queue full, retry later".
+            raise InvalidArgument(
+                "messages",
+                f"a batch of {len(messages)} can never fit queue {self.config.name!r} (its max depth is {max_depth})",
+            )
         by_shard: dict[int, list[int]] = {}
         start = next(self._round_robin)
         keyed = self.config.fifo or any(message.dedup_id for message in messages)
@@ -351,8 +395,9 @@ class HostedQueue:
         return outcomes
 
     async def _send_local(self, shard: HostedShard, batch: list[NewMessage]) -> list[SendOutcome]:
+        others = await self._other_shards_depth(shard.index) if self.config.max_depth else 0
         outcomes = await shard.committer.submit(
-            lambda tx, context, now: sending.send_messages(tx, context, batch, now_ms=now)
+            lambda tx, context, now: sending.send_messages(tx, context, batch, now_ms=now, other_shards_depth=others)
         )
         duplicates = sum(1 for outcome in outcomes if outcome.duplicate)
         shard.sent.inc(len(outcomes) - duplicates)
