@@ -67,6 +67,7 @@ class QueueFull(ShardqError):
             f"queue {queue!r} is at its max depth; retry after {retry_after_ms} ms",
             retry_after_ms=retry_after_ms,
         )
+        self.queue = queue
 
 
 class NotLeader(ShardqError):

@@ -73,7 +73,7 @@ def error_from_rpc(error: grpc.RpcError, *, queue: str = "") -> ShardqError:
         field=metadata.get("field", ""),
         retry_after_ms=int(metadata.get("retry_after_ms", "0")),
         leader=metadata.get("leader", ""),
-        queue=queue,
+        queue=metadata.get("queue") or queue,
     )
 
 

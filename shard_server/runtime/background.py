@@ -160,10 +160,13 @@ async def redrive(
     present = sum(stats.messages - stats.dead_letter_pending for _, stats in from_queue.stats())
     target = min(max_messages, present) if max_messages else present
     moved = 0
+    # At a rate, batches of a tenth of a second's worth: 10/s moves one message every
+    # 100 ms, rather than a burst of a hundred and then a long pause.
+    batch_size = REDRIVE_BATCH if not rate_per_second else max(1, min(REDRIVE_BATCH, int(rate_per_second / 10)))
     started = asyncio.get_running_loop().time()
     while moved < target:
         claimed = await from_queue.receive(
-            max_messages=min(REDRIVE_BATCH, target - moved), visibility_timeout_ms=REDRIVE_CLAIM_MS, wait_ms=0
+            max_messages=min(batch_size, target - moved), visibility_timeout_ms=REDRIVE_CLAIM_MS, wait_ms=0
         )
         if not claimed:
             break

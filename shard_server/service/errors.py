@@ -39,6 +39,11 @@ def error_metadata(error: ShardqError) -> dict[str, str]:
         metadata["retry_after_ms"] = str(error.retry_after_ms)
     if error.leader:
         metadata["leader"] = error.leader
+    queue = getattr(error, "queue", "")
+    if queue:
+        # The client names the queue from here, not from what it asked about
+        # (a redrive asks about two).
+        metadata["queue"] = queue
     return metadata
 
 

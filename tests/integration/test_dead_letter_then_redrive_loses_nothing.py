@@ -69,3 +69,30 @@ def test_cli_redrive_respects_its_rate_limit(server: ServerProcess, client: Clie
     assert elapsed >= 1.5, f"redrive of {count} at {rate}/s took only {elapsed:.2f}s"
     assert stored_count(client, DLQ) == 0
     assert sorted(m.body for m in drain(client, SOURCE)) == sorted(b"%d" % i for i in range(count))
+
+
+def test_redrive_at_a_rate_moves_messages_smoothly(server: ServerProcess, client: Client) -> None:
+    count, rate = 20, 10
+    client.send_messages(DLQ, [Message(b"%d" % i) for i in range(count)])
+    progress = list(client.redrive(source=DLQ, destination=SOURCE, rate_per_second=rate))
+    assert progress[-1].moved == count
+    moved_at = sorted(m.sent_at_ms for m in drain(client, SOURCE))
+    assert len(moved_at) == count
+    # Never more than a second's worth (plus one batch) within any one second: no bursts.
+    for first in range(count):
+        within_a_second = sum(1 for at in moved_at[first:] if at - moved_at[first] < 1_000)
+        assert within_a_second <= rate + 1, f"{within_a_second} moved within 1 s of message {first}: {moved_at}"
+
+
+def test_redrive_errors_name_the_queue_that_is_missing(server: ServerProcess) -> None:
+    for source, destination, missing in ((DLQ, "nope", "nope"), ("gone", SOURCE, "gone")):
+        done = subprocess.run(
+            [sys.executable, "-m", "shardq", "redrive", "--endpoint", server.endpoint, "--from", source,
+             "--to", destination],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )  # fmt: skip
+        assert done.returncode == 1
+        assert f"queue '{missing}' does not exist" in done.stderr, done.stderr
