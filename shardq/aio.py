@@ -639,7 +639,9 @@ class ConsumerStream:
         """Release (nack with backoff) over the stream; concurrent calls share frames."""
         return await self._releases.add_many(receipts)
 
-    async def close(self) -> None:
+    async def close(self) -> list[ReceivedMessage]:
+        """End the stream. Returns the messages it received that were never taken from
+        `messages()`: they are still claimed, and the caller should release them."""
         self._requests.put_nowait(None)
         if self._reader is not None:
             try:
@@ -648,3 +650,10 @@ class ConsumerStream:
                 self._reader.cancel()
         if self._call is not None:
             self._call.cancel()
+        untaken = list(self._ready)
+        self._ready.clear()
+        while not self._inbox.empty():
+            frame = self._inbox.get_nowait()
+            if isinstance(frame, list):
+                untaken.extend(frame)
+        return untaken

@@ -17,6 +17,8 @@ from shardq.errors import ShardqError
 from shardq.types import EntryResult, ReceivedMessage
 
 log = logging.getLogger(__name__)
+# The server's limit on receipts in one call.
+MAX_RECEIPTS_PER_CALL = 1_000
 
 Handler = Callable[[ReceivedMessage], Awaitable[None] | None]
 
@@ -88,6 +90,7 @@ async def run_consumer(
     stats = stats if stats is not None else ConsumerStats()
     slots = asyncio.Semaphore(concurrency)
     running: set[asyncio.Task[None]] = set()
+    unstarted: list[ReceivedMessage] = []
 
     async with client.consume(queue, credits=concurrency, visibility_timeout_ms=visibility_timeout_ms) as stream:
 
@@ -130,11 +133,19 @@ async def run_consumer(
                 done, _ = await asyncio.wait({next_message, stopping}, return_when=asyncio.FIRST_COMPLETED)
                 if next_message not in done:
                     next_message.cancel()
+                    await asyncio.wait({next_message})
+                    if not next_message.cancelled() and next_message.exception() is None:
+                        unstarted.append(next_message.result())  # it arrived as we stopped
                     slots.release()
                     break
                 try:
                     message = next_message.result()
                 except StopAsyncIteration:
+                    slots.release()
+                    break
+                if stop.is_set():
+                    # The stop arrived with this message: nothing new starts after a stop.
+                    unstarted.append(message)
                     slots.release()
                     break
                 task = asyncio.create_task(handle(message))
@@ -144,4 +155,21 @@ async def run_consumer(
             stopping.cancel()
             if running:
                 await asyncio.wait(set(running))
+            # Prefetched but never handled: give them back now, not at their visibility timeout.
+            unstarted.extend(await stream.close())
+            await _give_back(client, queue, unstarted)
     return stats
+
+
+async def _give_back(client: AsyncClient, queue: str, messages: list[ReceivedMessage]) -> None:
+    for start in range(0, len(messages), MAX_RECEIPTS_PER_CALL):
+        chunk = messages[start : start + MAX_RECEIPTS_PER_CALL]
+        try:
+            results = await client.change_visibility(queue, [(message.receipt, 0) for message in chunk])
+        except ShardqError as error:
+            log.warning("could not give back %d prefetched messages (%s): visible again after their timeout",
+                        len(chunk), error)  # fmt: skip
+            continue
+        refused = sum(1 for result in results if not result.ok)
+        if refused:
+            log.warning("%d prefetched messages could not be given back: visible again after their timeout", refused)

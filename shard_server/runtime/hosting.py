@@ -42,7 +42,7 @@ from shard_server.storage.lmdb_store import (
 from shardq.api.v1 import queue_pb2
 from shardq.errors import InvalidArgument, NotLeader, QueueNotFound, Reason, ShardqError
 from shardq.queues import QueueConfig, check_queue_name
-from shardq.receipts import MalformedReceipt, Receipt, decode_receipt
+from shardq.receipts import MalformedReceipt, Receipt, decode_receipt, encode_receipt
 from shardq.status import build_error, error_from_rpc
 
 if TYPE_CHECKING:
@@ -235,6 +235,8 @@ class HostedQueue:
         self.dead_letters_waiting = asyncio.Event()
         _refuse_orphaned_shards(config, directory)
         self.directory = directory
+        # Claims handed back after their caller went away (kept so they are not collected).
+        self._giving_back: set[asyncio.Task[list[Reason | None]]] = set()
         # Depth of shards led elsewhere, as their leaders last reported (max_depth).
         self._remote_depth: dict[int, int] = {}
         self._remote_depth_read_at = 0.0
@@ -527,15 +529,26 @@ class HostedQueue:
                 continue  # a read transaction is far cheaper than a write batch
             wanted = max_messages - len(claimed)
             shard.require_leader()
-            outcome = await shard.committer.submit(
-                functools.partial(
-                    _claim,
-                    max_messages=wanted,
-                    visibility_timeout_ms=visibility_timeout_ms,
-                    max_bytes=RECEIVE_BYTES_BUDGET - claimed_bytes,
-                ),
-                answer_before_commit=True,
+            submitted = asyncio.ensure_future(
+                shard.committer.submit(
+                    functools.partial(
+                        _claim,
+                        max_messages=wanted,
+                        visibility_timeout_ms=visibility_timeout_ms,
+                        max_bytes=RECEIVE_BYTES_BUDGET - claimed_bytes,
+                    ),
+                    answer_before_commit=True,
+                )
             )
+            try:
+                outcome = await asyncio.shield(submitted)
+            except asyncio.CancelledError:
+                # The caller went away (a client cancelled, a consumer stream closed):
+                # what this call claimed, and what the claim in flight will claim,
+                # becomes visible again now instead of at its visibility timeout.
+                self._give_back(claimed)
+                submitted.add_done_callback(functools.partial(self._give_back_outcome, shard))
+                raise
             claimed_bytes += outcome.claimed_bytes
             shard.bytes_out.inc(outcome.claimed_bytes)
             if outcome.dead_lettered:
@@ -553,6 +566,19 @@ class HostedQueue:
 
     def wake_dead_letter_mover(self) -> None:
         self.dead_letters_waiting.set()
+
+    def _give_back_outcome(self, shard: HostedShard, submitted: asyncio.Future[receiving.ReceiveOutcome]) -> None:
+        if not submitted.cancelled() and submitted.exception() is None:
+            self._give_back([(shard, message) for message in submitted.result().claimed])
+
+    def _give_back(self, claimed: Sequence[tuple[HostedShard, ClaimedMessage]]) -> None:
+        """Make messages claimed for a caller that is gone visible again, in the background."""
+        if not claimed:
+            return
+        changes = [(encode_receipt(message.receipt), 0) for _, message in claimed]
+        task = asyncio.create_task(self.change_visibility(changes))
+        self._giving_back.add(task)
+        task.add_done_callback(self._giving_back.discard)
 
     # -- acting on receipts ----------------------------------------------------
     def _decode(self, receipts: Sequence[str]) -> tuple[list[Reason | None], dict[int, list[tuple[int, Receipt]]]]:

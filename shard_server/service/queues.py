@@ -58,6 +58,15 @@ def _pinned_shard(request: queue_pb2.SendMessagesRequest | queue_pb2.ReceiveMess
     return request.shard
 
 
+def _unsent_receipts(outgoing: asyncio.Queue[queue_pb2.ConsumeResponse | None]) -> list[str]:
+    receipts: list[str] = []
+    while not outgoing.empty():
+        frame = outgoing.get_nowait()
+        if frame is not None and frame.HasField("messages"):
+            receipts.extend(message.receipt for message in frame.messages.messages)
+    return receipts
+
+
 def _consume_frame() -> tuple[queue_pb2.ConsumeResponse, queue_pb2.ReceiveMessagesResponse]:
     response = queue_pb2.ConsumeResponse()
     return response, response.messages
@@ -356,6 +365,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                     continue
                 # Claim for every credit at once (one commit round trip) and push
                 # in frames of max_batch: round trips, not frames, bound the rate.
+                # (Cancelled as the stream ends, a receive gives back what it claimed.)
                 received = await queue.receive(
                     max_messages=min(credits, MAX_RECEIVE_BATCH),
                     visibility_timeout_ms=visibility,
@@ -375,3 +385,9 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await pusher
+            # Claimed here but never sent: visible again now, not at their timeout.
+            unsent = _unsent_receipts(outgoing)
+            if unsent:
+                handover = asyncio.create_task(queue.change_visibility([(receipt, 0) for receipt in unsent]))
+                with contextlib.suppress(asyncio.CancelledError, ShardqError):
+                    await asyncio.shield(handover)
