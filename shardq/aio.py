@@ -21,7 +21,7 @@ import grpc
 
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.coalescing import Coalescer
-from shardq.errors import NotLeader, ShardqError, Unavailable
+from shardq.errors import NotLeader, OutcomeUnknown, ShardqError, Unavailable
 from shardq.queues import MAX_RECEIVE_BATCH
 from shardq.receipts import MalformedReceipt, decode_receipt
 from shardq.routing import choose_shard
@@ -41,13 +41,30 @@ DEFAULT_ENDPOINT = "localhost:7600"
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    # Reconnect promptly after a server restart (gRPC's default first backoff is 1 s).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
 ]
+
+
+def never_sent(error: grpc.RpcError) -> bool:
+    """Whether a call failed before reaching any server (so it changed nothing)."""
+    if error.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    details = error.details() or ""
+    return "failed to connect" in details or "Connection refused" in details
+
+
 # Transparent batching: how many single sends ride in one batch, and how many
 # batches per queue may be in flight before new sends wait to join the next.
 MAX_AUTO_BATCH = 500
 MAX_BATCHES_IN_FLIGHT = 8
 # Every unary call has a deadline: a paused or partitioned server must not hang callers.
 DEFAULT_CALL_TIMEOUT_S = 30.0
+# How long a call waits for a channel that cannot connect yet (a server restarting)
+# before it reports the server unreachable.
+CONNECT_GRACE_S = 3.0
 MAX_ACK_BATCH = 1000
 MAX_ACKS_IN_FLIGHT = 2
 
@@ -248,16 +265,24 @@ class AsyncClient:
         answer are retried then: a send with dedup ids answers with the original id,
         a receive only delays what it claimed. A repeated delete would answer
         MESSAGE_NOT_FOUND for a delete that succeeded, so receipt operations raise
-        instead (the outcome is unknown to the caller)."""
+        OutcomeUnknown instead (the outcome is unknown to the caller)."""
         try:
-            return await self._unary(getattr(self._leader_stub(address), method), request, queue=queue, timeout=timeout)
+            return await self._unary(
+                getattr(self._leader_stub(address), method),
+                request,
+                queue=queue,
+                timeout=timeout,
+                idempotent=idempotent,
+            )
         except NotLeader:
             self._forget_routes(queue)
         except Unavailable:
+            # Never sent (the leader did not accept the connection): safe to ask the endpoint.
+            # A failure during the call raised OutcomeUnknown instead, unless idempotent.
             self._forget_routes(queue)
-            if not idempotent:
-                raise
-        return await self._unary(getattr(self._stub, method), request, queue=queue, timeout=timeout)
+        return await self._unary(
+            getattr(self._stub, method), request, queue=queue, timeout=timeout, idempotent=idempotent
+        )
 
     def _addresses_of_receipts(self, routes: _QueueRoutes, receipts: Sequence[str]) -> list[str]:
         addresses = []
@@ -294,12 +319,45 @@ class AsyncClient:
         return self._stub
 
     async def _unary(
-        self, method: Any, request: Any, *, queue: str = "", timeout: float = DEFAULT_CALL_TIMEOUT_S
+        self,
+        method: Any,
+        request: Any,
+        *,
+        queue: str = "",
+        timeout: float = DEFAULT_CALL_TIMEOUT_S,
+        idempotent: bool = True,
     ) -> Any:
-        try:
-            return await method(request, timeout=timeout)
-        except grpc.RpcError as error:
-            raise error_from_rpc(error, queue=queue) from None
+        """One call. While the channel cannot connect (a server restarting), the call is
+        retried for up to CONNECT_GRACE_S: nothing was sent, so any call may be. A
+        connection that fails during a call that is not idempotent raises
+        OutcomeUnknown: it may have been applied, and repeating it would not say."""
+        loop = asyncio.get_running_loop()
+        grace_ends = loop.time() + CONNECT_GRACE_S
+        first_refusal: grpc.RpcError | None = None
+        while True:
+            waiting = first_refusal is not None
+            remaining = grace_ends - loop.time()
+            try:
+                return await method(
+                    request, timeout=min(timeout, remaining) if waiting else timeout, wait_for_ready=waiting or None
+                )
+            except grpc.RpcError as error:
+                if waiting and error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    assert first_refusal is not None
+                    raise error_from_rpc(first_refusal, queue=queue) from None  # it never came up
+                if never_sent(error):
+                    if first_refusal is None:
+                        first_refusal = error
+                    if grace_ends - loop.time() > 0.05:
+                        continue
+                    raise error_from_rpc(error, queue=queue) from None
+                failure = error_from_rpc(error, queue=queue)
+                if not idempotent and isinstance(failure, Unavailable):
+                    raise OutcomeUnknown(
+                        f"the connection failed during the call, which may or may not have been applied "
+                        f"({failure.message})"
+                    ) from None
+                raise failure from None
 
     # -- sending -------------------------------------------------------------------
     async def send_messages(self, queue: str, messages: Sequence[Message]) -> list[SendResult]:
@@ -349,7 +407,9 @@ class AsyncClient:
 
             async def submit(messages: list[Message]) -> list[SendResult]:
                 if self._producer is None or self._producer.broken:
-                    self._producer = ProducerStream(self._stub)
+                    broken, self._producer = self._producer, ProducerStream(self._stub)
+                    if broken is not None:
+                        await broken.close()  # else its request pump waits forever
                 response = await self._producer.send(queue, [message_to_proto(m) for m in messages])
                 return send_results_from_proto(response)
 

@@ -47,10 +47,22 @@ class Client:
     def close(self) -> None:
         if not self._loop.is_running():
             return
-        self._run(self._async.close())
+        self._run(self._shutdown())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
+
+    async def _shutdown(self) -> None:
+        """Close the client, then finish every task still on the loop (gRPC's own
+        stream pumps included, left pending when a server died): a loop closed
+        under pending tasks prints "Task was destroyed but it is pending!"."""
+        await self._async.close()
+        current = asyncio.current_task()
+        leftovers = [task for task in asyncio.all_tasks() if task is not current]
+        for task in leftovers:
+            task.cancel()
+        await asyncio.gather(*leftovers, return_exceptions=True)
+        await asyncio.get_running_loop().shutdown_asyncgens()
 
     def send_messages(self, queue: str, messages: Sequence[Message]) -> list[SendResult]:
         return self._run(self._async.send_messages(queue, messages))
