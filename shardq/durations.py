@@ -28,6 +28,9 @@ def parse_duration_ms(text: str) -> int:
 
 
 def format_duration_ms(ms: int) -> str:
+    """The largest whole unit that states `ms` exactly: 345600000 -> "4d", 90000 -> "90s"."""
+    if ms == 0:
+        return "0s"
     for unit in ("d", "h", "m", "s"):
         size = _UNITS_MS[unit]
         if ms >= size and ms % size == 0:

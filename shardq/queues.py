@@ -115,6 +115,24 @@ _INT_FIELDS = {
     "maxreceivecount": "max_receive_count",
     "maxdepth": "max_depth",
 }
+# What a queue's settings are called, for error messages and docs.
+SETTING_NAMES = (
+    "shards",
+    "replicas",
+    "fifo",
+    "visibilityTimeout",
+    "retention",
+    "deliveryDelay",
+    "dedupWindow",
+    "maxMessageBytes",
+    "maxReceiveCount",
+    "deadLetterQueue",
+    "redrivePolicy",
+    "maxDepth",
+    "nackBackoffBase",
+    "nackBackoffMax",
+    "journalRetention",
+)
 _SIZE = re.compile(r"(\d+)\s*(b|k|ki|kib|kb|m|mi|mib|mb)?", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "b": 1, "k": KIB, "ki": KIB, "kib": KIB, "kb": KIB, "m": MIB, "mi": MIB, "mib": MIB, "mb": MIB}
 
@@ -179,12 +197,14 @@ def queue_config_from_spec(name: str, spec: Mapping[str, Any]) -> QueueConfig:
                 elif sub == "maxreceivecount":
                     fields["max_receive_count"] = _parse_int(sub_key, sub_value)
                 else:
-                    raise ValueError(f"{key}.{sub_key}: unknown setting")
+                    raise ValueError(f"{key}.{sub_key}: unknown setting; valid: deadLetterQueue, maxReceiveCount")
         elif normal == "name":
             if str(value) != name:
                 raise ValueError(f"name: {value!r} does not match {name!r}")
         else:
-            raise ValueError(f"{key}: unknown queue setting")
+            raise ValueError(
+                f"{key}: unknown queue setting; valid (camelCase or snake_case): {', '.join(SETTING_NAMES)}"
+            )
     return QueueConfig(name=name, **fields)
 
 

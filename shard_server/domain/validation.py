@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from shard_server.domain.messages import NewMessage
+from shardq.durations import format_duration_ms
 from shardq.errors import InvalidArgument
 from shardq.queues import (
     MAX_ATTRIBUTE_KEY_CHARS,
@@ -54,7 +55,7 @@ def _message_problem(
     if config.fifo and not group_id:
         return "group_id", "required on a FIFO queue"
     if not 0 <= delay <= config.retention_ms:
-        return "delay_ms", f"must be 0..{config.retention_ms} (the retention period), got {delay}"
+        return "delay_ms", f"must be 0s..{_shown(config.retention_ms)} (the retention period), got {_shown(delay)}"
     return None
 
 
@@ -87,10 +88,17 @@ def validate_send_batch(count: int, total_bytes: int) -> None:
         raise InvalidArgument("messages", f"batch is {total_bytes} bytes; at most {MAX_BATCH_BYTES}")
 
 
+def _shown(ms: int) -> str:
+    """A duration as people write it (4d, 90s, 250ms); negative ones as given."""
+    return format_duration_ms(ms) if ms >= 0 else f"{ms}ms"
+
+
 def resolve_visibility_timeout(config: QueueConfig, field: str, value: int | None) -> int:
     timeout = config.visibility_timeout_ms if value is None else value
     if not 0 <= timeout <= config.retention_ms:
-        raise InvalidArgument(field, f"must be 0..{config.retention_ms} ms (the retention period), got {timeout}")
+        raise InvalidArgument(
+            field, f"must be 0s..{_shown(config.retention_ms)} (the retention period), got {_shown(timeout)}"
+        )
     return timeout
 
 
@@ -99,7 +107,7 @@ def validate_receive(config: QueueConfig, *, max_messages: int, visibility_timeo
     if not 1 <= max_messages <= MAX_RECEIVE_BATCH:
         raise InvalidArgument("max_messages", f"must be 1..{MAX_RECEIVE_BATCH}, got {max_messages}")
     if not 0 <= wait_ms <= MAX_WAIT_MS:
-        raise InvalidArgument("wait_time_ms", f"must be 0..{MAX_WAIT_MS}, got {wait_ms}")
+        raise InvalidArgument("wait_time_ms", f"must be 0s..{_shown(MAX_WAIT_MS)}, got {_shown(wait_ms)}")
     return resolve_visibility_timeout(config, "visibility_timeout_ms", visibility_timeout_ms)
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from shard_server.domain.validation import validate_message
 from shardq.durations import format_duration_ms, parse_duration_ms
-from shardq.queues import QueueConfig, parse_queue_option, queue_config_from_spec
+from shardq.errors import InvalidArgument
+from shardq.queues import SETTING_NAMES, QueueConfig, parse_queue_option, queue_config_from_spec
 
 
 def test_command_line_spec() -> None:
@@ -62,3 +64,37 @@ def test_durations(text: str, ms: int) -> None:
 def test_duration_formatting_round_trips() -> None:
     for ms in (250, 30_000, 5_400_000, 604_800_000):
         assert parse_duration_ms(format_duration_ms(ms)) == ms
+
+
+def test_an_unknown_setting_error_lists_every_valid_name_and_each_is_accepted() -> None:
+    with pytest.raises(ValueError, match="unknown queue setting") as raised:
+        queue_config_from_spec("orders", {"colour": "blue"})
+    for name in SETTING_NAMES:
+        assert name in str(raised.value)
+    values = {
+        "fifo": True,
+        "deadLetterQueue": "dlq",
+        "maxReceiveCount": 3,
+        "redrivePolicy": {"deadLetterQueue": "dlq", "maxReceiveCount": 3},
+        "shards": 2,
+        "replicas": 1,
+        "maxMessageBytes": "1KiB",
+        "maxDepth": 10,
+        "retention": "4d",
+        "nackBackoffBase": "1s",
+        "nackBackoffMax": "1m",
+    }
+    for name in SETTING_NAMES:
+        spec: dict[str, object] = {name: values.get(name, "1h")}
+        if name == "deadLetterQueue":
+            spec["maxReceiveCount"] = 3
+        if name == "maxReceiveCount":
+            spec["deadLetterQueue"] = "dlq"
+        queue_config_from_spec("orders", spec)  # accepted: no unknown-setting error
+
+
+def test_duration_errors_are_shown_as_people_write_durations() -> None:
+    config = QueueConfig(name="orders")  # retention 4 days
+    with pytest.raises(InvalidArgument) as raised:
+        validate_message(config, index=0, body=b"x", attributes={}, group_id="", dedup_id="", delay_ms=5 * 86_400_000)
+    assert "must be 0s..4d (the retention period), got 5d" in str(raised.value)
