@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
+import dataclasses
 import functools
+import hashlib
 import importlib.metadata
 import json
 import pathlib
@@ -24,6 +26,7 @@ from shardq.aio import DEFAULT_ENDPOINT
 from shardq.client import Client
 from shardq.durations import parse_duration_ms
 from shardq.errors import Reason, ShardqError
+from shardq.queues import MAX_RECEIVE_BATCH
 from shardq.types import Message, ReceivedMessage
 
 P = ParamSpec("P")
@@ -162,11 +165,22 @@ def message_from_json_line(line: str, number: int) -> Message:
     return Message(body, attributes, str(data.get("group_id", "")), str(data.get("dedup_id", "")), delay_ms)
 
 
-def read_jsonl(path: pathlib.Path) -> Iterator[Message]:
-    with path.open() as lines:
+def read_jsonl(path: pathlib.Path, *, line_dedup: bool) -> Iterator[Message]:
+    """Messages of a JSON-lines file (`-`: stdin). With `line_dedup`, a message without a
+    dedup id gets one derived from its line number and content, so sending the same
+    file again stores nothing twice (within the queue's dedup window)."""
+    lines = sys.stdin if str(path) == "-" else path.open()
+    try:
         for number, line in enumerate(lines, start=1):
             if line.strip():
-                yield message_from_json_line(line, number)
+                message = message_from_json_line(line, number)
+                if line_dedup and not message.dedup_id:
+                    digest = hashlib.sha256(line.strip().encode()).hexdigest()[:24]
+                    message = dataclasses.replace(message, dedup_id=f"line{number}:{digest}")
+                yield message
+    finally:
+        if lines is not sys.stdin:
+            lines.close()
 
 
 @click.group()
@@ -182,8 +196,14 @@ def main() -> None:
 @click.option(
     "--file",
     "file_",
-    type=click.Path(exists=True, dir_okay=False, path_type=pathlib.Path),
-    help="JSON lines: {body | body_base64, attributes, group_id, dedup_id, delay}",
+    type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=pathlib.Path),
+    help="JSON lines (- for stdin): {body | body_base64, attributes, group_id, dedup_id, delay}",
+)
+@click.option(
+    "--line-dedup/--no-line-dedup",
+    default=True,
+    show_default=True,
+    help="with --file: give each line without a dedup_id one derived from the line, so a re-run is safe",
 )
 @click.option("--delay", type=DURATION, default=None)
 @click.option("--group", "group_id", default="")
@@ -201,6 +221,7 @@ def send(
     dedup_id: str,
     attrs: tuple[str, ...],
     as_json: bool,
+    line_dedup: bool,
 ) -> None:
     """Send one message (--body) or many (--file, with a progress bar)."""
     if (body is None) == (file_ is None):
@@ -220,19 +241,30 @@ def send(
         sent = duplicates = 0
         from tqdm import tqdm
 
-        messages = list(read_jsonl(file_))
-        with tqdm(total=len(messages), unit="msg", file=sys.stderr, disable=None) as progress:
-            for start in range(0, len(messages), FILE_BATCH):
-                results = client.send_messages_streamed(queue, messages[start : start + FILE_BATCH])
-                failed = [r for r in results if not r.ok]
-                if failed:
-                    raise click.ClickException(
-                        f"message {start + results.index(failed[0]) + 1}: {failed[0].error_reason}: "
-                        f"{failed[0].error_message} ({sent} sent before it)"
-                    )
-                sent += sum(1 for r in results if not r.duplicate)
-                duplicates += sum(1 for r in results if r.duplicate)
-                progress.update(len(results))
+        messages = list(read_jsonl(file_, line_dedup=line_dedup))
+        try:
+            with tqdm(total=len(messages), unit="msg", file=sys.stderr, disable=None) as progress:
+                for start in range(0, len(messages), FILE_BATCH):
+                    results = client.send_messages_streamed(queue, messages[start : start + FILE_BATCH])
+                    failed = [r for r in results if not r.ok]
+                    if failed:
+                        raise click.ClickException(
+                            f"message {start + results.index(failed[0]) + 1}: {failed[0].error_reason}: "
+                            f"{failed[0].error_message} ({sent} sent before it)"
+                        )
+                    sent += sum(1 for r in results if not r.duplicate)
+                    duplicates += sum(1 for r in results if r.duplicate)
+                    progress.update(len(results))
+        except KeyboardInterrupt:
+            acknowledged = sent + duplicates
+            again = (
+                "re-run the same command to send the rest: lines already stored are recognised by their "
+                "dedup ids (within the queue's dedup window)"
+                if line_dedup
+                else "a batch in flight may have been stored too; re-running may store it twice"
+            )
+            click.echo(f"interrupted: {acknowledged} of {len(messages)} messages acknowledged; {again}", err=True)
+            sys.exit(130)
         click.echo(
             json.dumps({"sent": sent, "duplicates": duplicates}) if as_json else f"sent {sent}, {duplicates} duplicates"
         )
@@ -248,10 +280,22 @@ def send(
 @fail_cleanly
 def receive(endpoint: str, queue: str, max_messages: int, visibility: int | None, wait: int, as_json: bool) -> None:
     """Receive messages; each stays invisible to others until its visibility timeout."""
+    if max_messages < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--max")
     with Client(endpoint) as client:
-        messages = client.receive_messages(
-            queue, max_messages=max_messages, visibility_timeout_ms=visibility, wait_time_ms=wait
-        )
+        # The server hands out at most MAX_RECEIVE_BATCH per call: page until --max or empty
+        # (only the first call long-polls).
+        messages: list[ReceivedMessage] = []
+        while len(messages) < max_messages:
+            page = client.receive_messages(
+                queue,
+                max_messages=min(max_messages - len(messages), MAX_RECEIVE_BATCH),
+                visibility_timeout_ms=visibility,
+                wait_time_ms=0 if messages else wait,
+            )
+            if not page:
+                break
+            messages += page
     for message in messages:
         if as_json:
             click.echo(json.dumps(message_to_json(message)))

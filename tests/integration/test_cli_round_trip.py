@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import pathlib
+import signal
 import subprocess
 import sys
+import time
 
 from tests.integration.harness import ServerProcess, free_port
 
@@ -134,3 +136,56 @@ def test_serve_on_a_port_in_use_says_so_in_one_line(server: ServerProcess, tmp_p
         assert len(lines) == 1, done.stderr
         assert "choose another --" in lines[0]
         assert "Traceback" not in done.stderr
+
+
+def test_send_file_from_stdin_and_a_rerun_stores_nothing_twice(server: ServerProcess, tmp_path: pathlib.Path) -> None:
+    lines = "".join(json.dumps({"body": f"line {n}"}) + "\n" for n in range(250))
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "-m", "shardq", "send", "--queue", QUEUE, "--file", "-", "--json"],
+            input=lines,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={"SHARDQ_ENDPOINT": server.endpoint, "PATH": "/usr/bin:/bin"},
+        )
+        assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"sent": 0, "duplicates": 250}
+    assert stats(server)["visible"] == 250
+
+
+def test_an_interrupted_send_says_what_was_acknowledged_and_a_rerun_completes_it(
+    server: ServerProcess, tmp_path: pathlib.Path
+) -> None:
+    total = 30_000
+    source = tmp_path / "many.jsonl"
+    source.write_text("".join(json.dumps({"body": f"m{n}"}) + "\n" for n in range(total)))
+    command = [sys.executable, "-m", "shardq", "send", "--queue", QUEUE, "--file", str(source)]
+    environment = {"SHARDQ_ENDPOINT": server.endpoint, "PATH": "/usr/bin:/bin"}
+    sending = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+    deadline = time.monotonic() + 30
+    while stats(server)["visible"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sending.send_signal(signal.SIGINT)
+    _, err = sending.communicate(timeout=60)
+    assert sending.returncode == 130, err
+    (summary,) = [line for line in err.splitlines() if line.startswith("interrupted:")]
+    acknowledged = int(summary.split()[1])
+    assert f"of {total} messages acknowledged" in summary
+    assert 0 < acknowledged < total
+    assert acknowledged <= stats(server)["visible"]
+
+    again = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False, env=environment)
+    assert again.returncode == 0, again.stderr
+    assert stats(server)["visible"] == total
+
+
+def test_receive_max_above_the_per_call_limit_pages(server: ServerProcess, tmp_path: pathlib.Path) -> None:
+    source = tmp_path / "batch.jsonl"
+    source.write_text("".join(json.dumps({"body": f"p{n}"}) + "\n" for n in range(1_500)))
+    ok(server, "send", "--queue", QUEUE, "--file", str(source))
+    received = ok(server, "receive", "--queue", QUEUE, "--max", "1200", "--visibility", "5m", "--json").splitlines()
+    assert len(received) == 1_200
+    assert len({json.loads(line)["id"] for line in received}) == 1_200
+    assert stats(server) == {"visible": 300, "in_flight": 1_200, "delayed": 0}
