@@ -40,6 +40,8 @@ SERVERS = 3
 READY_TIMEOUT_S = 60
 # Sends in flight at once: the rate holds even while one is waiting out a failover.
 PRODUCER_WINDOW = 64
+# After the producer stops, how long the consumer may take to empty the queue.
+DRAIN_TIMEOUT_S = 30.0
 QUEUE_SPEC = (
     f"{QUEUE}:shards=4,replicas=3,visibility=5s,dead_letter_queue={DLQ},max_receive_count=3,nack_backoff_base=200ms"
 )
@@ -95,6 +97,21 @@ async def _wait_ready(data_dir: pathlib.Path, supervisor: subprocess.Popen[bytes
     raise click.ClickException("the cluster did not become ready in time")
 
 
+async def _drain(client: AsyncClient, stats: ConsumerStats, *, timeout_s: float) -> bool:
+    """Wait until nothing of the demo queue is left to handle (the DLQ keeps its own)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            attributes = await client.attributes(QUEUE)
+        except ShardqError:
+            await asyncio.sleep(0.5)
+            continue
+        if attributes.visible + attributes.in_flight + attributes.delayed + attributes.dead_letter_pending == 0:
+            return True
+        await asyncio.sleep(0.5)
+    return False
+
+
 def _leaders(leases: LocalLeaseStore) -> str:
     return " ".join(
         f"{lease.name.split('.')[-1]}:{lease.holder}@{lease.transitions}" for lease in leases.list(f"{QUEUE}.")
@@ -107,10 +124,14 @@ async def _run_demo(
     status = await _wait_ready(data_dir, supervisor)
     servers = {str(s["server_id"]): s for s in status["servers"]}  # type: ignore[attr-defined]
     shards = {str(s["lease"]): s for s in status["shards"]}  # type: ignore[attr-defined]
-    victim = str(shards[f"{QUEUE}.0"]["leader"])
-    survivor = next(server for server in sorted(servers) if server != victim)
+    # The clients' server is one that does not lead shard 0 now; whoever leads a
+    # shard (other than it) when the time comes is the one killed.
+    survivor = next(server for server in sorted(servers) if server != str(shards[f"{QUEUE}.0"]["leader"]))
     endpoint = str(servers[survivor]["endpoint"])
-    click.echo(f"clients use {survivor} ({endpoint}); {victim} leads shard 0 and will be killed", err=True)
+    click.echo(
+        f"clients use {survivor} ({endpoint}); at {duration_s / 3:.0f}s the leader of shard 0 gets SIGKILLed",
+        err=True,
+    )
     leases = LocalLeaseStore(data_dir / "leases.lmdb")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -132,7 +153,7 @@ async def _run_demo(
                 nonlocal sent, retries
                 body = f"order {number} at {time.time():.3f}".encode()
                 try:
-                    while not stop.is_set():
+                    while not stop.is_set() and time.monotonic() - started < duration_s + 10:
                         try:
                             await client.send(QUEUE, body, attributes={"n": str(number)})
                         except ShardqError:
@@ -156,7 +177,6 @@ async def _run_demo(
                     await asyncio.sleep(ahead)
             if in_flight:
                 await asyncio.wait(set(in_flight), timeout=10)
-            stop.set()
 
         async def handle(message: ReceivedMessage) -> None:
             if int(message.attributes.get("n", "0")) % 20 == 7:
@@ -174,10 +194,36 @@ async def _run_demo(
 
         async def kill_a_leader() -> None:
             await asyncio.sleep(duration_s / 3)
-            pid = int(servers[victim]["pid"])
+            # Leadership may have moved since the start (off hot servers): ask again now.
+            current = {lease.name: lease.holder for lease in await asyncio.to_thread(leases.list, f"{QUEUE}.")}
+            shard, victim = next(
+                ((name, holder) for name, holder in sorted(current.items()) if holder and holder != survivor),
+                ("", ""),
+            )
+            now = await asyncio.to_thread(_status, data_dir)
+            pids = {str(s["server_id"]): int(s["pid"]) for s in (now or {}).get("servers", [])}  # type: ignore[attr-defined]
+            if not victim or victim not in pids:
+                click.echo("*** no leader to kill but the clients' own server; skipping the kill", err=True)
+                return
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-                click.echo(f"*** SIGKILLed {victim} (pid {pid}); the supervisor fails its shards over", err=True)
+                os.kill(pids[victim], signal.SIGKILL)
+            killed_at = time.monotonic()
+            click.echo(
+                f"*** SIGKILLed {victim} (pid {pids[victim]}), the leader of shard {shard.rsplit('.', 1)[-1]}; "
+                "the supervisor fails its shards over and restarts it",
+                err=True,
+            )
+            while not stop.is_set():
+                await asyncio.sleep(0.5)
+                now = await asyncio.to_thread(_status, data_dir)
+                for server in (now or {}).get("servers", []):  # type: ignore[attr-defined]
+                    if server["server_id"] == victim and int(server["pid"]) != pids[victim] and server["answering"]:
+                        click.echo(
+                            f"*** the supervisor restarted {victim} (pid {server['pid']}) "
+                            f"{time.monotonic() - killed_at:.1f}s after the kill",
+                            err=True,
+                        )
+                        return
 
         async def report() -> None:
             while not stop.is_set():
@@ -199,9 +245,18 @@ async def _run_demo(
 
         reporter = asyncio.create_task(report())
         killer = asyncio.create_task(kill_a_leader())
-        await asyncio.gather(produce(), consume())
+        consumer = asyncio.create_task(consume())
+        await produce()
+        # The producer is done: let the consumer drain what is left before stopping.
+        drained = await _drain(client, consumer_stats, timeout_s=DRAIN_TIMEOUT_S)
+        stop.set()
+        await consumer
         reporter.cancel()
         killer.cancel()
+        if drained:
+            click.echo("drained: every message was handled or dead-lettered", err=True)
+        else:
+            click.echo(f"stopped after {DRAIN_TIMEOUT_S:.0f}s of draining; the rest stays queued", err=True)
         click.echo(
             f"done: sent {sent}, handled {consumer_stats.handled}, failed attempts {consumer_stats.failed}, "
             f"sends retried during failover {retries}"

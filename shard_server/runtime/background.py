@@ -51,43 +51,50 @@ def build_moved_copy(
 
 async def keep_shard_tidy(shard: HostedShard) -> None:
     """Retention, dedup pruning and journal pruning, each only when due."""
-    config = shard.queue.config
     while True:
         await asyncio.sleep(HOUSEKEEPING_PERIOD_S)
         if not shard.is_local_leader():
             continue  # only the leader decides; followers replay its log
-        now = wall_clock_ms()
-        with shard.environment.read() as tx:
-            oldest = tx.oldest_messages(after_seq=0, limit=1)
-            expire_due = bool(oldest) and oldest[0][1] <= now - config.retention_ms
-            dedup_due = (tx.next_dedup_expiry() or now + 1) <= now
-            first_entry_at = tx.first_log_entry_at_ms()
-            log_due = first_entry_at is not None and first_entry_at < now - config.journal_retention_ms
+        try:
+            await _tidy_once(shard)
+        except Exception:  # a background loop that dies stops retention for good: log, go on
+            log.exception("queue %s shard %d: housekeeping failed; retrying", shard.queue.config.name, shard.index)
 
-        def tidy(
-            tx: LmdbShardTransaction,
-            context: ShardContext,
-            at: int,
-            expire_due: bool = expire_due,
-            dedup_due: bool = dedup_due,
-            log_due: bool = log_due,
-        ) -> int:
-            expired = 0
-            if expire_due:
-                expired = housekeeping.expire_messages(tx, context, now_ms=at, limit=EXPIRE_BATCH)
-            if dedup_due:
-                housekeeping.prune_dedup(tx, context, now_ms=at)
-            if log_due:
-                tx.prune_log(
-                    before_ms=at - config.journal_retention_ms, keep_after_index=tx.last_index(), limit=LOG_PRUNE_BATCH
-                )
-            return expired
 
-        if expire_due or dedup_due or log_due:
-            expired = await shard.committer.submit(tidy)
-            if expired:
-                shard.expired.inc(expired)
-                log.info("queue %s shard %d: %d messages expired", config.name, shard.index, expired)
+async def _tidy_once(shard: HostedShard) -> None:
+    config = shard.queue.config
+    now = wall_clock_ms()
+    with shard.environment.read() as tx:
+        oldest = tx.oldest_messages(after_seq=0, limit=1)
+        expire_due = bool(oldest) and oldest[0][1] <= now - config.retention_ms
+        dedup_due = (tx.next_dedup_expiry() or now + 1) <= now
+        first_entry_at = tx.first_log_entry_at_ms()
+        log_due = first_entry_at is not None and first_entry_at < now - config.journal_retention_ms
+
+    def tidy(
+        tx: LmdbShardTransaction,
+        context: ShardContext,
+        at: int,
+        expire_due: bool = expire_due,
+        dedup_due: bool = dedup_due,
+        log_due: bool = log_due,
+    ) -> int:
+        expired = 0
+        if expire_due:
+            expired = housekeeping.expire_messages(tx, context, now_ms=at, limit=EXPIRE_BATCH)
+        if dedup_due:
+            housekeeping.prune_dedup(tx, context, now_ms=at)
+        if log_due:
+            tx.prune_log(
+                before_ms=at - config.journal_retention_ms, keep_after_index=tx.last_index(), limit=LOG_PRUNE_BATCH
+            )
+        return expired
+
+    if expire_due or dedup_due or log_due:
+        expired = await shard.committer.submit(tidy)
+        if expired:
+            shard.expired.inc(expired)
+            log.info("queue %s shard %d: %d messages expired", config.name, shard.index, expired)
 
 
 async def move_dead_letters(host: QueueHost, queue: HostedQueue) -> None:
@@ -106,14 +113,21 @@ async def move_dead_letters(host: QueueHost, queue: HostedQueue) -> None:
         if target is None:
             continue
         for shard in queue.shards:
-            if shard.is_local_leader():
+            if not shard.is_local_leader():
+                continue
+            try:
                 await _move_shard_dead_letters(queue, shard, target)
+            except Exception as error:  # the DLQ refused or is failing over: next round
+                log.warning("queue %s shard %d: moving dead letters to %s failed (%s); retrying",
+                            queue.config.name, shard.index, name, error)  # fmt: skip
 
 
 async def _move_shard_dead_letters(queue: HostedQueue, shard: HostedShard, target: HostedQueue) -> None:
     while True:
+        # Never more at once than the DLQ could ever hold: a larger batch is refused outright.
+        batch = min(DEAD_LETTER_BATCH, target.config.max_depth or DEAD_LETTER_BATCH)
         with shard.environment.read() as tx:
-            records = [tx.get_record(seq) for seq in tx.dead_letter_pending(limit=DEAD_LETTER_BATCH)]
+            records = [tx.get_record(seq) for seq in tx.dead_letter_pending(limit=batch)]
         present = [record for record in records if record is not None]
         if not present:
             return
@@ -163,6 +177,8 @@ async def redrive(
     # At a rate, batches of a tenth of a second's worth: 10/s moves one message every
     # 100 ms, rather than a burst of a hundred and then a long pause.
     batch_size = REDRIVE_BATCH if not rate_per_second else max(1, min(REDRIVE_BATCH, int(rate_per_second / 10)))
+    if to_queue.config.max_depth:
+        batch_size = min(batch_size, to_queue.config.max_depth)  # larger batches could never fit
     started = asyncio.get_running_loop().time()
     while moved < target:
         claimed = await from_queue.receive(

@@ -3,8 +3,8 @@
 gRPC answers a request whose bytes its deserializer rejects with UNKNOWN and
 no detail, and drops an undecodable frame of a client stream. This interceptor
 wraps each method's deserializer: bytes that do not parse become a marker, and
-the call (or the stream, at that frame) ends with INVALID_ARGUMENT naming the
-field `request`, as every other bad request does.
+the call ends with INVALID_ARGUMENT naming the field `request`, as every other
+bad request does (a stream's earlier frames are answered first).
 """
 
 from __future__ import annotations
@@ -54,18 +54,24 @@ class RejectingUndecodable(grpc.aio.ServerInterceptor):
         deserialize = _tolerant(handler.request_deserializer, method)
         serialize = handler.response_serializer
 
-        async def checked_frames(frames: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
+        async def checked_frames(frames: AsyncIterator[Any], refused: list[InvalidArgument]) -> AsyncIterator[Any]:
+            # An undecodable frame ends the request stream here; the call then ends with
+            # INVALID_ARGUMENT once the handler has answered the frames before it.
             async for frame in frames:
                 if isinstance(frame, Undecodable):
-                    await abort_with(context, frame.error)
+                    refused.append(frame.error)
+                    return
                 yield frame
 
         if handler.request_streaming and handler.response_streaming:
             both = cast(Callable[[Any, Context], AsyncIterator[Any]], handler.stream_stream)
 
             async def stream_stream(frames: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
-                async for response in both(checked_frames(frames, context), context):
+                refused: list[InvalidArgument] = []
+                async for response in both(checked_frames(frames, refused), context):
                     yield response
+                if refused:
+                    await abort_with(context, refused[0])
 
             return grpc.stream_stream_rpc_method_handler(
                 stream_stream, request_deserializer=deserialize, response_serializer=serialize
@@ -74,7 +80,11 @@ class RejectingUndecodable(grpc.aio.ServerInterceptor):
             many_to_one = cast(Callable[[Any, Context], Awaitable[Any]], handler.stream_unary)
 
             async def stream_unary(frames: AsyncIterator[Any], context: Context) -> Any:
-                return await many_to_one(checked_frames(frames, context), context)
+                refused: list[InvalidArgument] = []
+                answer = await many_to_one(checked_frames(frames, refused), context)
+                if refused:
+                    await abort_with(context, refused[0])
+                return answer
 
             return grpc.stream_unary_rpc_method_handler(
                 stream_unary, request_deserializer=deserialize, response_serializer=serialize

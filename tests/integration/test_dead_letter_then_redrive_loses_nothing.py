@@ -7,7 +7,7 @@ import sys
 import time
 
 from shardq import Client, Message
-from tests.integration.harness import ServerProcess, drain, stored_count, wait_for
+from tests.integration.harness import ServerFactory, ServerProcess, drain, stored_count, wait_for
 
 SOURCE = "orders"  # max_receive_count=2
 DLQ = "orders-dlq"
@@ -96,3 +96,31 @@ def test_redrive_errors_name_the_queue_that_is_missing(server: ServerProcess) ->
         )  # fmt: skip
         assert done.returncode == 1
         assert f"queue '{missing}' does not exist" in done.stderr, done.stderr
+
+
+def test_dead_letters_refused_by_a_full_dlq_move_once_it_has_room(server_factory: ServerFactory) -> None:
+    """The mover survives a refusal: when the DLQ refused every copy (full), the pending
+    dead letters used to stay pending forever, the background task having died."""
+    server = server_factory("work:dead_letter_queue=small-dlq,max_receive_count=1", "small-dlq:max_depth=1")
+    with Client(server.endpoint) as client:
+        client.send_messages("work", [Message(b"poison %d" % n) for n in range(3)])
+        for _ in range(2):  # the second receive is past max_receive_count: dead-lettered
+            for message in client.receive_messages("work", max_messages=10, visibility_timeout_ms=60_000):
+                client.change_visibility("work", [(message.receipt, 0)])
+
+        def dlq_full() -> bool:
+            return client.attributes("small-dlq").visible == 1
+
+        wait_for(dlq_full, timeout=15, what="the first dead letter in the DLQ")
+        time.sleep(2)  # rounds in which the full DLQ refuses the other two
+        moved: list[bytes] = []
+
+        def all_moved() -> bool:
+            for message in client.receive_messages("small-dlq", max_messages=10, visibility_timeout_ms=60_000):
+                moved.append(message.body)
+                client.delete_messages("small-dlq", [message.receipt])
+            return len(moved) == 3
+
+        wait_for(all_moved, timeout=30, what="every dead letter to reach the DLQ once it had room")
+        assert sorted(moved) == [b"poison 0", b"poison 1", b"poison 2"]
+        assert client.attributes("work").dead_letter_pending == 0
