@@ -97,13 +97,14 @@ async def _wait_ready(data_dir: pathlib.Path, supervisor: subprocess.Popen[bytes
     raise click.ClickException("the cluster did not become ready in time")
 
 
-async def _drain(client: AsyncClient, stats: ConsumerStats, *, timeout_s: float) -> bool:
-    """Wait until nothing of the demo queue is left to handle (the DLQ keeps its own)."""
+async def _drain(client: AsyncClient, stop: asyncio.Event, *, timeout_s: float) -> bool:
+    """Wait until nothing of the demo queue is left to handle (the DLQ keeps its own),
+    `timeout_s` at most, or until Ctrl-C."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not stop.is_set():
         try:
-            attributes = await client.attributes(QUEUE)
-        except ShardqError:
+            attributes = await asyncio.wait_for(client.attributes(QUEUE), timeout=5)
+        except (ShardqError, TimeoutError):
             await asyncio.sleep(0.5)
             continue
         if attributes.visible + attributes.in_flight + attributes.delayed + attributes.dead_letter_pending == 0:
@@ -248,7 +249,7 @@ async def _run_demo(
         consumer = asyncio.create_task(consume())
         await produce()
         # The producer is done: let the consumer drain what is left before stopping.
-        drained = await _drain(client, consumer_stats, timeout_s=DRAIN_TIMEOUT_S)
+        drained = await _drain(client, stop, timeout_s=DRAIN_TIMEOUT_S)
         stop.set()
         await consumer
         reporter.cancel()

@@ -17,6 +17,10 @@ class Outcome:
     DELETED = "deleted"
     DEAD_LETTERED = "dead_lettered"
     EXPIRED = "expired"
+    # Removed by a purge of its shard: a PURGED event carries only a count, so a
+    # message is purged when a purge of its shard came after it was sent and
+    # nothing else had ended it.
+    PURGED = "purged"
     PENDING = "pending"
 
 
@@ -29,8 +33,8 @@ def build_message_lifecycles(journal: DataFrame) -> DataFrame:
 
     Columns: queue, shard, seq, message_id, group_id, size, source_queue,
     sent_at, first_received_at, last_received_at, deleted_at, expired_at,
-    dead_lettered_at, dead_letter_reason, receive_count, outcome, latency_ms
-    (sent -> deleted, null unless deleted).
+    dead_lettered_at, dead_letter_reason, purged_at, receive_count, outcome,
+    latency_ms (sent -> deleted, null unless deleted).
     """
     received = sf.col("event_type") == "RECEIVED"
     per_message = (
@@ -54,11 +58,34 @@ def build_message_lifecycles(journal: DataFrame) -> DataFrame:
             sf.max("receive_count").alias("receive_count"),
         )
     )
-    return per_message.withColumn(
+    purges = (
+        journal.where(sf.col("event_type") == "PURGED")
+        .select(
+            sf.col("queue").alias("purge_queue"),
+            sf.col("shard").alias("purge_shard"),
+            sf.col("event_time").alias("purge_time"),
+        )
+        .distinct()
+    )
+    # The first purge of the message's shard after it was sent (purges are rare: a
+    # small side of the join).
+    with_purges = (
+        per_message.join(
+            sf.broadcast(purges),
+            (sf.col("queue") == sf.col("purge_queue"))
+            & (sf.col("shard") == sf.col("purge_shard"))
+            & (sf.col("purge_time") >= sf.col("sent_at")),
+            "left",
+        )
+        .groupBy(*per_message.columns)
+        .agg(sf.min("purge_time").alias("purged_at"))
+    )
+    return with_purges.withColumn(
         "outcome",
         sf.when(sf.col("deleted_at").isNotNull(), sf.lit(Outcome.DELETED))
         .when(sf.col("dead_lettered_at").isNotNull(), sf.lit(Outcome.DEAD_LETTERED))
         .when(sf.col("expired_at").isNotNull(), sf.lit(Outcome.EXPIRED))
+        .when(sf.col("purged_at").isNotNull(), sf.lit(Outcome.PURGED))
         .otherwise(sf.lit(Outcome.PENDING)),
     ).withColumn(
         "latency_ms",

@@ -127,7 +127,9 @@ def compute_shard_load(journal: DataFrame) -> DataFrame:
 
 
 def count_outcomes(lifecycles: DataFrame) -> dict[str, int]:
-    counts = dict.fromkeys((Outcome.DELETED, Outcome.DEAD_LETTERED, Outcome.EXPIRED, Outcome.PENDING), 0)
+    counts = dict.fromkeys(
+        (Outcome.DELETED, Outcome.DEAD_LETTERED, Outcome.EXPIRED, Outcome.PURGED, Outcome.PENDING), 0
+    )
     for row in lifecycles.groupBy("outcome").count().collect():
         counts[row["outcome"]] = row["count"]
     return counts

@@ -34,6 +34,7 @@ OUTCOME_COLOURS = {
     "deleted": "#2ca02c",
     "dead_lettered": "#d62728",
     "expired": "#7f7f7f",
+    "purged": "#8c564b",
     "pending": "#ff7f0e",
 }
 

@@ -50,6 +50,7 @@ class ReportSummary:
     messages_deleted: int
     messages_dead_lettered: int
     messages_expired: int
+    messages_purged: int
     messages_pending: int
     # Messages received more than once.
     messages_redelivered: int
@@ -239,6 +240,7 @@ def _run_report(
         messages_deleted=outcomes[Outcome.DELETED],
         messages_dead_lettered=outcomes[Outcome.DEAD_LETTERED],
         messages_expired=outcomes[Outcome.EXPIRED],
+        messages_purged=outcomes[Outcome.PURGED],
         messages_pending=outcomes[Outcome.PENDING],
         messages_redelivered=redelivered,
         sent_per_second=sent_per_second,
@@ -270,6 +272,7 @@ def _run_report(
             "latency p99": format_number(latency.p99_ms, "ms"),
             "redelivered": format_number(redelivered),
             "dead-lettered": format_number(summary.messages_dead_lettered),
+            "purged": format_number(summary.messages_purged),
             "still in queue": format_number(summary.messages_pending),
         },
         sections=[

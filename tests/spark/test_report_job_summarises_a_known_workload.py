@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(400)]
 QUEUES = ["orders:shards=2,visibility=300ms,max_receive_count=2,dead_letter_queue=dlq", "dlq"]
 DELETED = 20
 DEAD_LETTERED = 4
+PURGED = 5
 PENDING = 6
 PROCESSING_SECONDS = 0.25
 POLL_DEADLINE_SECONDS = 30.0
@@ -39,7 +40,7 @@ def send(client: Client, count: int, label: str) -> list[str]:
 
 def run_workload(endpoint: str) -> float:
     """20 messages processed in 250 ms each, 4 poison messages that are received
-    twice and dead-lettered, 6 never touched. Returns the longest observed
+    twice and dead-lettered, 5 purged, 6 never touched. Returns the longest observed
     send-to-delete time in ms, an upper bound of every latency."""
     with Client(endpoint) as client:
         started = time.time()
@@ -69,6 +70,10 @@ def run_workload(endpoint: str) -> float:
         assert receives == dict.fromkeys(poison, 2)
         assert client.attributes("dlq").visible == DEAD_LETTERED
 
+        # One batch (one shard, so one PURGED journal event), then a purge removes it.
+        client.send_messages("orders", [Message(body=b"purged-%d" % i) for i in range(PURGED)])
+        assert client.purge("orders") == PURGED
+
         send(client, PENDING, "pending")
     return longest_ms
 
@@ -80,16 +85,18 @@ def test_report_numbers_tables_and_plots_match_the_workload(spark, start_server,
     summary = run_report(endpoint=endpoint, queue="orders", out_dir=tmp_path / "report", spark=spark)
 
     assert summary.shards == 2
-    assert summary.messages_sent == DELETED + DEAD_LETTERED + PENDING
+    assert summary.messages_sent == DELETED + DEAD_LETTERED + PURGED + PENDING
     assert summary.messages_deleted == DELETED
     assert summary.messages_dead_lettered == DEAD_LETTERED
+    assert summary.messages_purged == PURGED
     assert summary.messages_pending == PENDING
     assert summary.messages_expired == 0
     assert summary.messages_redelivered == DEAD_LETTERED
     assert summary.dead_letters_by_reason == {"max_receive_count": DEAD_LETTERED}
     # SENT, RECEIVED and DELETED of the processed; SENT, 2 x RECEIVED, DEAD_LETTERED
-    # and DEAD_LETTER_DELIVERED of the poison; SENT of the pending.
-    assert summary.events == 3 * DELETED + 5 * DEAD_LETTERED + PENDING
+    # and DEAD_LETTER_DELIVERED of the poison; SENT of the purged and one PURGED;
+    # SENT of the pending.
+    assert summary.events == 3 * DELETED + 5 * DEAD_LETTERED + PURGED + 1 + PENDING
     assert summary.latency_messages == DELETED
     latencies = (summary.latency_p50_ms, summary.latency_p90_ms, summary.latency_p99_ms, summary.latency_max_ms)
     assert all(latency is not None for latency in latencies)
@@ -100,15 +107,20 @@ def test_report_numbers_tables_and_plots_match_the_workload(spark, start_server,
     assert summary.sent_per_second > 0
 
     tables = {name: spark.read.parquet(str(summary.parquet[name])) for name in PARQUET_TABLES}
-    assert tables["lifecycles"].count() == DELETED + DEAD_LETTERED + PENDING
+    assert tables["lifecycles"].count() == DELETED + DEAD_LETTERED + PURGED + PENDING
     outcomes = {row["outcome"]: row["count"] for row in tables["lifecycles"].groupBy("outcome").count().collect()}
-    assert outcomes == {"deleted": DELETED, "dead_lettered": DEAD_LETTERED, "pending": PENDING}
+    assert outcomes == {"deleted": DELETED, "dead_lettered": DEAD_LETTERED, "purged": PURGED, "pending": PENDING}
     receive_counts = {
         (row["receive_count"], row["outcome"]): row["messages"] for row in tables["receive_counts"].collect()
     }
-    assert receive_counts == {(1, "deleted"): DELETED, (2, "dead_lettered"): DEAD_LETTERED, (0, "pending"): PENDING}
+    assert receive_counts == {
+        (1, "deleted"): DELETED,
+        (2, "dead_lettered"): DEAD_LETTERED,
+        (0, "purged"): PURGED,
+        (0, "pending"): PENDING,
+    }
     load = tables["shard_load"].collect()
-    assert sum(row["sent"] for row in load) == DELETED + DEAD_LETTERED + PENDING
+    assert sum(row["sent"] for row in load) == DELETED + DEAD_LETTERED + PURGED + PENDING
     assert sum(row["deleted"] for row in load) == DELETED
     throughput = {row["event_type"]: 0 for row in tables["throughput"].collect()}
     assert {"SENT", "RECEIVED", "DELETED", "DEAD_LETTERED"} <= set(throughput)
