@@ -7,7 +7,6 @@ implement them, so this package never imports the server.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import binascii
 import dataclasses
@@ -423,22 +422,33 @@ def analytics() -> None:
 @click.option("--queue", required=True)
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=pathlib.Path))
 @click.option("--since", default=None, help="an ISO time or a duration back from now, e.g. 24h")
+@click.option("--master", default=None, help="Spark master, e.g. local[2] (default: local, or spark-submit's)")
+@click.option(
+    "--conf",
+    "conf",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="a Spark setting, repeatable (e.g. spark.driver.bindAddress=127.0.0.1)",
+)
 @fail_cleanly
-def analytics_report(endpoint: str, queue: str, out_dir: pathlib.Path, since: str | None) -> None:
+def analytics_report(
+    endpoint: str, queue: str, out_dir: pathlib.Path, since: str | None, master: str | None, conf: tuple[str, ...]
+) -> None:
     """Throughput, latency, redelivery and dead-letter report: Parquet, PNG plots and HTML."""
-    import dataclasses
-    import logging
-
-    from shardq.analytics.job import parse_since
-    from shardq.analytics.report import run_report
-
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        start = parse_since(since) if since else None
-    except (ValueError, argparse.ArgumentTypeError) as error:
-        raise click.BadParameter(str(error), param_hint="--since") from None
-    summary = run_report(endpoint=endpoint, queue=queue, out_dir=out_dir, since=start)
-    click.echo(json.dumps(dataclasses.asdict(summary), default=str))
+        from shardq.analytics import job
+    except ImportError as error:
+        raise click.ClickException(f"analytics needs the spark extra (pip install 'shardq[spark]'): {error}") from None
+    argv = ["--endpoint", endpoint, "--queue", queue, "--out", str(out_dir)]
+    if since:
+        argv += ["--since", since]
+    if master:
+        argv += ["--master", master]
+    for item in conf:
+        argv += ["--conf", item]
+    code = job.main(argv)
+    if code:
+        sys.exit(code)
     click.echo(f"report: {out_dir / 'report.html'}", err=True)
 
 

@@ -3,20 +3,37 @@
 #
 #   docker build -f charts/examples/spark-analytics.Dockerfile -t shardq-analytics:0.1.0 .
 #
-# The base must be an Apache Spark >= 4.2 image with Python >= 3.11 (the Python
-# Data Source streaming API with admission control is 4.2+; shardq needs 3.11):
-# it brings the Spark-on-Kubernetes entrypoint and pyspark, which spark-submit
-# puts on the Python path of driver and executors.
-ARG SPARK_IMAGE=apache/spark:4.3.0-java17-python3
-FROM ${SPARK_IMAGE}
+# Why not FROM apache/spark: its 4.x images ship Ubuntu's Python 3.10, and
+# shardq needs Python >= 3.11. This one is Debian bookworm's Python 3.11 with a
+# Java 17 runtime; pyspark from PyPI brings Spark itself (jars, spark-submit,
+# the Kubernetes resource manager), and entrypoint.sh starts drivers and
+# executors the way Spark's own Kubernetes images do.
+FROM python:3.11-slim-bookworm
 
-USER root
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends openjdk-17-jre-headless tini procps \
+ && rm -rf /var/lib/apt/lists/*
+
+ENV JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64 \
+    PYSPARK_PYTHON=python3 \
+    PYTHONUNBUFFERED=1
+
 COPY pyproject.toml README.md /opt/shardq/src/
 COPY shardq /opt/shardq/src/shardq
-# shardq plus what the data source and the report need, but not a second Spark.
-# pandas < 3: pyspark 4.3 warns that it does not support pandas 3 yet.
-RUN python3 -m pip install --no-cache-dir /opt/shardq/src "pyarrow>=17" "pandas>=2.2,<3" "matplotlib>=3.9" \
- && ln -s "$(python3 -c 'import shardq.analytics.job as job; print(job.__file__)')" /opt/shardq/report_job.py
+# shardq with the spark extra: pyspark (Spark >= 4.2: the Python Data Source
+# streaming API with admission control), pyarrow, pandas and matplotlib.
+RUN python3 -m pip install --no-cache-dir "/opt/shardq/src[spark]" \
+ && ln -s "$(python3 -c 'import shardq.analytics.job as job; print(job.__file__)')" /opt/shardq/report_job.py \
+ && ln -s "$(python3 -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')" /opt/spark
 
-# The Spark images run as the unprivileged user 185.
+ENV SPARK_HOME=/opt/spark
+COPY charts/examples/spark-image/entrypoint.sh /opt/entrypoint.sh
+RUN chmod 0755 /opt/entrypoint.sh \
+ && mkdir -p /opt/spark/work-dir \
+ && useradd --uid 185 --gid 0 --home-dir /opt/spark/work-dir spark \
+ && chown 185:0 /opt/spark/work-dir
+
+WORKDIR /opt/spark/work-dir
+# As in Spark's images: the unprivileged user 185.
 USER 185
+ENTRYPOINT ["/opt/entrypoint.sh"]

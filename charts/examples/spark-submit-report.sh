@@ -8,7 +8,9 @@
 set -euo pipefail
 
 queue="${1:?usage: spark-submit-report.sh QUEUE [ENDPOINT]}"
-endpoint="${2:-${queue}.shardq.svc.cluster.local:7600}"
+# The client Service of the ShardqCluster the queue lives on: the chart's default
+# cluster is `shardq`, in namespace `shardq` (Services are per cluster, not per queue).
+endpoint="${2:-shardq.shardq.svc.cluster.local:7600}"
 api="${K8S_API:?set K8S_API to the Kubernetes API server URL}"
 namespace="${NAMESPACE:-shardq-analytics}"
 image="${IMAGE:-shardq-analytics:0.1.0}"

@@ -1,7 +1,7 @@
 """Command-line entry of the analytics report, for spark-submit and local runs.
 
     python -m shardq.analytics.job --endpoint 127.0.0.1:7400 --queue orders --out report/
-    spark-submit --master k8s://... local:///opt/shardq/job.py --endpoint ... --queue orders --out /data/report
+    spark-submit --master k8s://... local:///opt/shardq/report_job.py --endpoint ... --queue orders --out /report/orders
 
 The Spark master comes from spark-submit; run with plain python, the session
 is local. Prints the summary as JSON on stdout; progress goes to stderr.
@@ -42,12 +42,42 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, type=pathlib.Path, help="directory for the report")
     parser.add_argument("--since", type=parse_since, default=None, help="ISO time or duration back from now")
     parser.add_argument("--master", default=None, help="Spark master when not run by spark-submit (e.g. local[2])")
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting, repeatable (e.g. spark.driver.bindAddress=127.0.0.1)",
+    )
     return parser
+
+
+def parse_conf(items: Sequence[str]) -> dict[str, str]:
+    settings = {}
+    for item in items:
+        key, equals, value = item.partition("=")
+        if not equals or not key.strip():
+            raise SystemExit(f"shardq analytics: --conf {item!r} is not KEY=VALUE")
+        settings[key.strip()] = value
+    return settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = build_parser().parse_args(argv)
+    settings = parse_conf(arguments.conf)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+
+    from shardq.cli import explain
+    from shardq.errors import ShardqError
+    from shardq.spark.exporting import ExportConnection
+
+    # Before Spark starts: a down server or an unknown queue is one line, not a JVM trace.
+    try:
+        with ExportConnection(arguments.endpoint, rpc_timeout_seconds=10.0) as connection:
+            connection.shard_count(arguments.queue)
+    except ShardqError as error:
+        print(f"shardq analytics: {explain(error, arguments.endpoint)}", file=sys.stderr)
+        return 1
 
     from pyspark.sql import SparkSession
 
@@ -56,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     builder = SparkSession.builder.appName(f"shardq-report-{arguments.queue}")
     if arguments.master:
         builder = builder.master(arguments.master)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     try:
         summary = run_report(

@@ -99,6 +99,10 @@ def read_journal(spark: SparkSession, *, endpoint: str, queue: str) -> DataFrame
     )
 
 
+# Messages per Parquet file of the lifecycles table.
+LIFECYCLES_PER_FILE = 2_000_000
+
+
 def run_report(
     *,
     endpoint: str,
@@ -193,7 +197,10 @@ def _run_report(
     for name in PARQUET_TABLES:
         path = parquet_dir / name
         logger.info("writing %s", path)
-        tables[name].write.mode("overwrite").parquet(str(path))
+        # Few, large files: every table but the lifecycles is small, and those get
+        # a file per few million messages rather than one per Spark partition.
+        files = max(1, -(-sum(outcomes.values()) // LIFECYCLES_PER_FILE)) if name == "lifecycles" else 1
+        tables[name].coalesce(files).write.mode("overwrite").parquet(str(path))
         parquet_paths[name] = path
 
     throughput_points = [

@@ -12,6 +12,7 @@ from collections.abc import Generator
 import grpc
 
 from shardq.api.v1 import export_pb2, export_pb2_grpc
+from shardq.status import error_from_rpc
 
 # Snapshot batches carry bodies; gRPC's 4 MiB default would refuse a batch of
 # a few hundred large messages.
@@ -44,10 +45,15 @@ class ExportConnection:
         self._channel.close()
 
     def journal_bounds(self, queue: str, shard: int) -> export_pb2.JournalBounds:
-        return self._stub.GetJournalBounds(
-            export_pb2.GetJournalBoundsRequest(queue=queue, shard=shard),
-            timeout=self._rpc_timeout_seconds,
-        )
+        """Raises ShardqError (QueueNotFound, Unavailable...) naming what went wrong."""
+        try:
+            bounds: export_pb2.JournalBounds = self._stub.GetJournalBounds(
+                export_pb2.GetJournalBoundsRequest(queue=queue, shard=shard),
+                timeout=self._rpc_timeout_seconds,
+            )
+        except grpc.RpcError as error:
+            raise error_from_rpc(error, queue=queue) from None
+        return bounds
 
     def all_journal_bounds(self, queue: str) -> dict[int, export_pb2.JournalBounds]:
         """Bounds of every shard; shard 0 tells how many shards there are."""

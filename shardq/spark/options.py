@@ -8,6 +8,7 @@ mapping of strings; everything here reads them through `_lowered` so that
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import json
 from collections.abc import Mapping
@@ -65,8 +66,44 @@ class WriteOptions:
     queue_full_patience_seconds: float
 
 
+READ_OPTION_NAMES = (
+    "endpoint",
+    "queue",
+    "read",
+    "includeBody",
+    "batchSize",
+    "rpcTimeoutSeconds",
+    "maxRowsPerBatch",
+    "startingOffsets",
+    "failOnDataLoss",
+)
+WRITE_OPTION_NAMES = (
+    "endpoint",
+    "queue",
+    "writeId",
+    "dedupIdColumn",
+    "batchSize",
+    "rpcTimeoutSeconds",
+    "queueFullPatienceSeconds",
+)
+# Options Spark itself adds to every source's options (e.g. `path` from load(path)).
+_SPARK_OWN_OPTIONS = frozenset({"path", "paths"})
+
+
 def _lowered(options: Mapping[str, str]) -> dict[str, str]:
     return {key.lower(): value for key, value in options.items()}
+
+
+def _refuse_unknown(options: Mapping[str, str], known: tuple[str, ...]) -> None:
+    """A misspelt option (`includBody`) is an error, not silently the default."""
+    by_lower = {name.lower(): name for name in known}
+    for key in options:
+        lowered = key.lower()
+        if lowered in by_lower or lowered in _SPARK_OWN_OPTIONS:
+            continue
+        close = difflib.get_close_matches(lowered, list(by_lower), n=1)
+        hint = f"; did you mean {by_lower[close[0]]!r}?" if close else ""
+        raise OptionError(f"unknown option {key!r}{hint} (options: {', '.join(known)})")
 
 
 def _required(options: Mapping[str, str], name: str) -> str:
@@ -131,6 +168,7 @@ def parse_starting(text: str | None) -> StartingPosition | ShardOffsets:
 
 
 def read_options_from_spark(options: Mapping[str, str]) -> ReadOptions:
+    _refuse_unknown(options, READ_OPTION_NAMES)
     lowered = _lowered(options)
     read_text = lowered.get("read", ReadKind.MESSAGES.value).strip().lower()
     try:
@@ -151,6 +189,7 @@ def read_options_from_spark(options: Mapping[str, str]) -> ReadOptions:
 
 
 def write_options_from_spark(options: Mapping[str, str]) -> WriteOptions:
+    _refuse_unknown(options, WRITE_OPTION_NAMES)
     lowered = _lowered(options)
     send_batch_size = _optional_positive_int(lowered, "batchSize") or DEFAULT_SEND_BATCH_SIZE
     if send_batch_size > MAX_SEND_BATCH:

@@ -62,3 +62,31 @@ def test_spark_submit_script_uses_the_same_account_image_and_job() -> None:
     assert job_arguments is not None
     words = [w.replace("${queue}", "orders").replace("${endpoint}", "e:1") for w in shlex.split(job_arguments[1])]
     assert build_parser().parse_args(words).queue == "orders"
+
+
+def test_the_image_has_the_python_shardq_needs_and_the_entrypoint_it_names() -> None:
+    dockerfile = (EXAMPLES / "spark-analytics.Dockerfile").read_text()
+    (base,) = re.findall(r"^FROM (\S+)", dockerfile, re.MULTILINE)
+    match = re.fullmatch(r"python:3\.(\d+)-slim-bookworm", base)
+    assert match, f"the base must pin a Python >= 3.11 image, got {base}"
+    assert int(match[1]) >= 11
+    assert "openjdk-17-jre-headless" in dockerfile
+    (entrypoint,) = re.findall(r"^COPY (\S+) /opt/entrypoint.sh", dockerfile, re.MULTILINE)
+    script = (EXAMPLES.parents[1] / entrypoint).read_text()
+    assert "KubernetesExecutorBackend" in script
+    assert "--deploy-mode client" in script
+
+
+def test_the_job_docstring_the_spark_application_and_the_script_name_the_same_job_and_endpoint() -> None:
+    import shardq.analytics.job as job
+
+    [application] = load("spark-analytics-sparkapplication.yaml")
+    assert job.__doc__ is not None
+    assert application["spec"]["mainApplicationFile"] in job.__doc__
+    endpoint = application["spec"]["arguments"][application["spec"]["arguments"].index("--endpoint") + 1]
+    script = (EXAMPLES / "spark-submit-report.sh").read_text()
+    assert f'endpoint="${{2:-{endpoint}}}"' in script
+    # A ShardqCluster's client Service (<cluster>.<namespace>.svc), not one per queue.
+    host = endpoint.split(":")[0]
+    assert host.endswith(".svc.cluster.local")
+    assert not host.startswith("orders.")
