@@ -54,6 +54,11 @@ def load_queue_file(path: pathlib.Path) -> list[QueueConfig]:
 )
 @click.option("--server-id", default="", help="cluster mode: this server's id in the cluster file")
 @click.option("--lease-store", type=click.Path(dir_okay=False, path_type=pathlib.Path), help="cluster mode: lease file")
+@click.option(
+    "--queues-managed-by",
+    default=None,
+    help='refuse runtime queue changes, naming where queues are defined (e.g. "Queue resources in namespace x")',
+)
 def serve_command(
     data_dir: pathlib.Path,
     host: str,
@@ -67,6 +72,7 @@ def serve_command(
     cluster_file: pathlib.Path | None,
     server_id: str,
     lease_store: pathlib.Path | None,
+    queues_managed_by: str | None,
 ) -> None:
     """Run a shard server hosting the given queues (or its replicas of a cluster's queues)."""
     cluster = None
@@ -80,8 +86,6 @@ def serve_command(
         size = _parse_size(map_size)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
-    if not configs:
-        raise click.UsageError("give at least one --queue, a --config file or a --cluster-file")
     if cluster is not None and (not server_id or lease_store is None):
         raise click.UsageError("--cluster-file needs --server-id and --lease-store")
     configure_logging(json_lines=log_format == "json")
@@ -96,6 +100,7 @@ def serve_command(
         cluster=cluster,
         server_id=server_id,
         lease_store=lease_store,
+        queues_managed_by=queues_managed_by,
     )
     try:
         asyncio.run(serve(settings))

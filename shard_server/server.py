@@ -19,10 +19,10 @@ from grpc_reflection.v1alpha import reflection
 
 from shard_server import metrics
 from shard_server.cluster import ClusterFile
-from shard_server.runtime import background
 from shard_server.runtime.committing import wall_clock_ms
 from shard_server.runtime.forwarding import Router
 from shard_server.runtime.hosting import QueueHost
+from shard_server.runtime.queue_admin import QueueAdmin, runtime_configs
 from shard_server.runtime.replicating import PeerChannels, ShardReplica
 from shard_server.service.decoding import RejectingUndecodable
 from shard_server.service.exporting import ExportServicer
@@ -31,6 +31,7 @@ from shard_server.service.queues import QueueServicer
 from shard_server.service.replication import ReplicationServicer
 from shard_server.storage.lease_store import LocalLeaseStore
 from shard_server.storage.lmdb_store import DEFAULT_MAP_SIZE
+from shard_server.storage.queue_catalog import QueueCatalog
 from shardq.api.v1 import (
     export_pb2,
     export_pb2_grpc,
@@ -61,6 +62,10 @@ class ServerSettings:
     cluster: ClusterFile | None = None
     server_id: str = ""
     lease_store: pathlib.Path | None = None
+    # Where the queues are defined when the server must not change them itself (a
+    # cluster map, the operator's Queue resources); runtime queue management then
+    # refuses and names it.
+    queues_managed_by: str | None = None
 
 
 def _can_bind(settings: ServerSettings) -> bool:
@@ -93,9 +98,15 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         router = Router(settings.cluster, leases, server_id=settings.server_id)
         router.refresh()
         peers = PeerChannels(settings.cluster)
+    catalog = QueueCatalog(settings.data_dir)
+    static = {config.name for config in settings.queues}
+    managed_by = settings.queues_managed_by
+    if managed_by is None and settings.cluster is not None:
+        managed_by = "the cluster map this server was started with (shardq local --queue, or Queue resources)"
+    runtime = runtime_configs(catalog, static) if managed_by is None else []
     host = QueueHost(
         settings.data_dir,
-        settings.queues,
+        [*settings.queues, *runtime],
         map_size=settings.map_size,
         writer_threads=settings.writer_threads,
         cluster=settings.cluster,
@@ -110,7 +121,8 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
             ("grpc.so_reuseport", 0),
         ],
     )
-    queue_pb2_grpc.add_QueueServiceServicer_to_server(QueueServicer(host), server)
+    admin = QueueAdmin(host, catalog=catalog, static=static, managed_by=managed_by)
+    queue_pb2_grpc.add_QueueServiceServicer_to_server(QueueServicer(host, admin), server)
     export_pb2_grpc.add_ExportServiceServicer_to_server(ExportServicer(host), server)
     service_names = [
         queue_pb2.DESCRIPTOR.services_by_name["QueueService"].full_name,
@@ -160,12 +172,8 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
                 "choose another --metrics-port"
             ) from None
 
-    tasks = [asyncio.create_task(background.keep_shard_tidy(shard)) for _, _, shard in host.shard_stats_sources()]
-    tasks += [
-        asyncio.create_task(background.move_dead_letters(host, queue))
-        for queue in host.queues.values()
-        if queue.config.dead_letter_queue
-    ]
+    admin.start()
+    tasks: list[asyncio.Task[None]] = []
     if settings.cluster is not None:
         assert leases is not None
         assert router is not None
@@ -197,6 +205,7 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await admin.stop()
         for queue in host.queues.values():
             for shard in queue.shards:
                 if shard.replica is not None:

@@ -105,6 +105,11 @@ def received_from_proto(response: queue_pb2.ReceiveMessagesResponse) -> list[Rec
     ]
 
 
+def settings_from_proto(config: queue_pb2.QueueConfig) -> dict[str, Any]:
+    """A queue's settings by name (durations in ms), name excluded."""
+    return {field.name: value for field, value in config.ListFields() if field.name != "name"}
+
+
 def entry_results_from_proto(results: Iterable[queue_pb2.EntryResult]) -> list[EntryResult]:
     return [EntryResult(r.ok, r.error.reason, r.error.message) for r in results]
 
@@ -570,6 +575,38 @@ class AsyncClient:
     async def list_queues(self) -> list[str]:
         response = await self._unary(self._stub.ListQueues, queue_pb2.ListQueuesRequest())
         return list(response.queues)
+
+    async def peek_messages(self, queue: str, *, max_messages: int = 10) -> list[ReceivedMessage]:
+        """Look at the messages a receive would hand out now, without claiming them
+        (no receipts; receive counts and visibility do not change)."""
+        request = queue_pb2.ReceiveMessagesRequest(queue=queue, max_messages=max_messages, peek=True)
+        return received_from_proto(await self._unary(self._stub.ReceiveMessages, request, queue=queue))
+
+    async def create_queue(self, queue: str, settings: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """Create a queue (settings as for `shardq serve --queue`); returns its settings.
+        Creating an existing queue with the same settings is a no-op."""
+        request = queue_pb2.CreateQueueRequest(queue=queue, settings=dict(settings or {}))
+        description = await self._unary(self._stub.CreateQueue, request, queue=queue, idempotent=True)
+        self._forget_routes(queue)
+        return settings_from_proto(description.config)
+
+    async def delete_queue(self, queue: str) -> int:
+        """Delete a queue and its messages; returns how many it held."""
+        request = queue_pb2.DeleteQueueRequest(queue=queue)
+        response = await self._unary(self._stub.DeleteQueue, request, queue=queue, idempotent=False)
+        self._forget_routes(queue)
+        return int(response.messages_deleted)
+
+    async def set_queue_attributes(self, queue: str, settings: Mapping[str, str]) -> dict[str, Any]:
+        """Change a queue's settings (not shards, fifo or replicas); returns them all."""
+        request = queue_pb2.SetQueueAttributesRequest(queue=queue, settings=dict(settings))
+        description = await self._unary(self._stub.SetQueueAttributes, request, queue=queue, idempotent=True)
+        return settings_from_proto(description.config)
+
+    async def queue_settings(self, queue: str) -> dict[str, Any]:
+        """The queue's settings, as DescribeQueue reports them."""
+        request = queue_pb2.DescribeQueueRequest(queue=queue)
+        return settings_from_proto((await self._unary(self._stub.DescribeQueue, request, queue=queue)).config)
 
     async def redrive(
         self, *, source: str, destination: str, rate_per_second: float = 0, max_messages: int = 0

@@ -23,7 +23,7 @@ import click
 
 from shardq.aio import DEFAULT_ENDPOINT
 from shardq.client import Client
-from shardq.durations import parse_duration_ms
+from shardq.durations import format_duration_ms, parse_duration_ms
 from shardq.errors import Reason, ShardqError
 from shardq.queues import MAX_RECEIVE_BATCH
 from shardq.types import Message, ReceivedMessage
@@ -276,11 +276,26 @@ def send(
 @click.option("--visibility", type=DURATION, default=None, help="visibility timeout (default: the queue's)")
 @click.option("--wait", type=DURATION, default=0, help="long-poll up to this long")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per line")
+@click.option("--peek", is_flag=True, help="look without claiming: no receipts, nothing changes")
 @fail_cleanly
-def receive(endpoint: str, queue: str, max_messages: int, visibility: int | None, wait: int, as_json: bool) -> None:
+def receive(
+    endpoint: str, queue: str, max_messages: int, visibility: int | None, wait: int, as_json: bool, peek: bool
+) -> None:
     """Receive messages; each stays invisible to others until its visibility timeout."""
     if max_messages < 1:
         raise click.BadParameter("must be at least 1", param_hint="--max")
+    if peek:
+        with Client(endpoint) as client:
+            peeked = client.peek_messages(queue, max_messages=min(max_messages, MAX_RECEIVE_BATCH))
+        for message in peeked:
+            if as_json:
+                click.echo(
+                    json.dumps({key: value for key, value in message_to_json(message).items() if key != "receipt"})
+                )
+            else:
+                text = body_to_json(message.body)
+                click.echo(f"{message.message_id}\t{text.get('body', text.get('body_base64'))}")
+        return
     with Client(endpoint) as client:
         # The server hands out at most MAX_RECEIVE_BATCH per call: page until --max or empty
         # (only the first call long-polls).
@@ -383,11 +398,85 @@ def purge(endpoint: str, queue: str) -> None:
 @main.command()
 @endpoint_option
 @fail_cleanly
-def queues(endpoint: str) -> None:
-    """List the queues the server hosts."""
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per queue")
+def queues(endpoint: str, as_json: bool) -> None:
+    """List the queues the server hosts, with their depth and settings."""
     with Client(endpoint) as client:
+        rows = []
         for name in client.list_queues():
-            click.echo(name)
+            attributes = client.attributes(name)
+            settings = client.queue_settings(name)
+            rows.append((name, attributes, settings))
+    if as_json:
+        for name, attributes, settings in rows:
+            depth = {"visible": attributes.visible, "in_flight": attributes.in_flight, "delayed": attributes.delayed}
+            click.echo(json.dumps({"queue": name, **depth, "settings": settings}))
+        return
+    click.echo(f"{'QUEUE':<24} {'VISIBLE':>8} {'IN-FLIGHT':>9} {'DELAYED':>8}  SETTINGS")
+    for name, attributes, settings in rows:
+        click.echo(
+            f"{name:<24} {attributes.visible:>8} {attributes.in_flight:>9} {attributes.delayed:>8}  "
+            + describe_settings(settings)
+        )
+
+
+def describe_settings(settings: dict[str, Any]) -> str:
+    """Settings as people write them: shards=4 visibility_timeout=30s dead_letter_queue=dlq."""
+    shown = []
+    for key, value in sorted(settings.items()):
+        if key.endswith("_ms"):
+            shown.append(f"{key.removesuffix('_ms')}={format_duration_ms(int(value))}")
+        else:
+            shown.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
+    return " ".join(shown)
+
+
+def parse_settings(items: tuple[str, ...]) -> dict[str, str]:
+    settings: dict[str, str] = {}
+    for item in items:
+        key, equals, value = item.partition("=")
+        if not equals or not key.strip():
+            raise click.BadParameter(f"{item!r} is not key=value", param_hint="--set")
+        settings[key.strip()] = value.strip()
+    return settings
+
+
+@main.command("create-queue")
+@endpoint_option
+@click.argument("name")
+@click.option("--set", "items", multiple=True, metavar="KEY=VALUE", help="a setting, repeatable (as in --queue)")
+@fail_cleanly
+def create_queue(endpoint: str, name: str, items: tuple[str, ...]) -> None:
+    """Create a queue (kept across restarts); the same settings again is a no-op."""
+    with Client(endpoint) as client:
+        settings = client.create_queue(name, parse_settings(items))
+    click.echo(f"{name}: {describe_settings(settings)}")
+
+
+@main.command("delete-queue")
+@endpoint_option
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="do not ask for confirmation")
+@fail_cleanly
+def delete_queue(endpoint: str, name: str, yes: bool) -> None:
+    """Delete a queue created at run time, with all its messages."""
+    if not yes:
+        click.confirm(f"delete queue {name!r} and every message in it?", abort=True)
+    with Client(endpoint) as client:
+        deleted = client.delete_queue(name)
+    click.echo(f"deleted queue {name} ({deleted} messages)")
+
+
+@main.command("set-attributes")
+@endpoint_option
+@click.argument("name")
+@click.option("--set", "items", multiple=True, required=True, metavar="KEY=VALUE", help="a setting, repeatable")
+@fail_cleanly
+def set_attributes(endpoint: str, name: str, items: tuple[str, ...]) -> None:
+    """Change a runtime queue's settings (not shards, fifo or replicas)."""
+    with Client(endpoint) as client:
+        settings = client.set_queue_attributes(name, parse_settings(items))
+    click.echo(f"{name}: {describe_settings(settings)}")
 
 
 @main.command()

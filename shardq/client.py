@@ -11,7 +11,7 @@ import asyncio
 import signal
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from shardq.aio import DEFAULT_ENDPOINT, AsyncClient
 from shardq.consumer import ConsumerStats, run_consumer
@@ -115,6 +115,21 @@ class Client:
 
     def list_queues(self) -> list[str]:
         return self._run(self._async.list_queues())
+
+    def peek_messages(self, queue: str, *, max_messages: int = 10) -> list[ReceivedMessage]:
+        return self._run(self._async.peek_messages(queue, max_messages=max_messages))
+
+    def create_queue(self, queue: str, settings: Mapping[str, str] | None = None) -> dict[str, Any]:
+        return self._run(self._async.create_queue(queue, settings))
+
+    def delete_queue(self, queue: str) -> int:
+        return self._run(self._async.delete_queue(queue))
+
+    def set_queue_attributes(self, queue: str, settings: Mapping[str, str]) -> dict[str, Any]:
+        return self._run(self._async.set_queue_attributes(queue, settings))
+
+    def queue_settings(self, queue: str) -> dict[str, Any]:
+        return self._run(self._async.queue_settings(queue))
 
     def run_consumer(
         self,

@@ -24,6 +24,10 @@ class Reason(enum.StrEnum):
     # was replicated): retry only what is idempotent (dedup ids make sends so).
     OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
     UNAVAILABLE = "UNAVAILABLE"
+    # Runtime queue management.
+    QUEUE_EXISTS = "QUEUE_EXISTS"
+    QUEUE_IN_USE = "QUEUE_IN_USE"
+    QUEUE_MANAGED_ELSEWHERE = "QUEUE_MANAGED_ELSEWHERE"
 
 
 ERROR_DOMAIN = "shardq.io"
@@ -83,3 +87,19 @@ class OutcomeUnknown(ShardqError):
 class Unavailable(ShardqError):
     def __init__(self, message: str) -> None:
         super().__init__(Reason.UNAVAILABLE, message)
+
+
+class QueueExists(ShardqError):
+    def __init__(self, queue: str) -> None:
+        super().__init__(Reason.QUEUE_EXISTS, f"queue {queue!r} already exists with other settings", field="queue")
+        self.queue = queue
+
+
+class QueueInUse(ShardqError):
+    def __init__(self, message: str) -> None:
+        super().__init__(Reason.QUEUE_IN_USE, message, field="queue")
+
+
+class QueueManagedElsewhere(ShardqError):
+    def __init__(self, message: str) -> None:
+        super().__init__(Reason.QUEUE_MANAGED_ELSEWHERE, message, field="queue")

@@ -11,7 +11,10 @@ from shardq.errors import (
     InvalidArgument,
     NotLeader,
     OutcomeUnknown,
+    QueueExists,
     QueueFull,
+    QueueInUse,
+    QueueManagedElsewhere,
     QueueNotFound,
     Reason,
     ShardqError,
@@ -51,6 +54,12 @@ def build_error(
         error = NotLeader(message, leader=leader)
     elif known is Reason.UNAVAILABLE:
         error = Unavailable(message)
+    elif known is Reason.QUEUE_EXISTS:
+        error = QueueExists(queue)
+    elif known is Reason.QUEUE_IN_USE:
+        error = QueueInUse(message)
+    elif known is Reason.QUEUE_MANAGED_ELSEWHERE:
+        error = QueueManagedElsewhere(message)
     elif known is Reason.OUTCOME_UNKNOWN:
         error = OutcomeUnknown(message)
     else:

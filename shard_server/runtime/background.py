@@ -104,12 +104,13 @@ async def move_dead_letters(host: QueueHost, queue: HostedQueue) -> None:
     the copy and the removal cannot leave two copies in a deduplicating DLQ, and
     a message is removed here only after the DLQ acknowledged it.
     """
-    name = queue.config.dead_letter_queue
     while True:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(queue.dead_letters_waiting.wait(), timeout=HOUSEKEEPING_PERIOD_S)
         queue.dead_letters_waiting.clear()
-        target = host.queues.get(name)
+        # Read every round: the queue's settings may change while it runs.
+        name = queue.config.dead_letter_queue
+        target = host.queues.get(name) if name else None
         if target is None:
             continue
         for shard in queue.shards:

@@ -26,7 +26,7 @@ from shard_server import metrics
 from shard_server.cluster import ClusterFile
 from shard_server.domain import acknowledging, housekeeping, receiving, sending
 from shard_server.domain.context import ShardContext
-from shard_server.domain.messages import NewMessage
+from shard_server.domain.messages import Delivery, MessageRecord, NewMessage, format_message_id
 from shard_server.domain.receiving import ClaimedMessage
 from shard_server.domain.routing import choose_shard
 from shard_server.domain.sending import SendOutcome
@@ -492,6 +492,40 @@ class HostedQueue:
                     wake_at = min(wake_at, max(visible_at, now + 1))
             await self._wait_for_change((wake_at - now) / 1000)
 
+    async def peek(self, *, max_messages: int, shard: int | None, forwarded: bool) -> list[queue_pb2.ReceivedMessage]:
+        """The messages a receive would hand out now, oldest first, without claiming them."""
+        if shard is not None and self.leader_here(shard) is None:
+            if forwarded or self.router is None:
+                raise self.not_leader(shard)
+            leader, _ = self.router.leader_of(self.config.name, shard)
+            return await self._peek_remote(leader, max_messages, shard)
+        now = wall_clock_ms()
+        local = [s for s in self.shards if s.is_local_leader() and (shard is None or s.index == shard)]
+        found: list[queue_pb2.ReceivedMessage] = []
+        for hosted in local:
+            with hosted.environment.read() as tx:
+                for _, seq in tx.eligible(now, after=None, limit=max_messages):
+                    record, delivery = tx.get_record(seq), tx.get_delivery(seq)
+                    if record is None or delivery is None:
+                        continue
+                    found.append(_peeked(hosted.index, record, delivery))
+        if not forwarded and shard is None:
+            for leader in self.remote_leaders():
+                found += await self._peek_remote(leader, max_messages, None)
+        found.sort(key=lambda message: message.sent_at_ms)
+        return found[:max_messages]
+
+    async def _peek_remote(self, leader: str, max_messages: int, shard: int | None) -> list[queue_pb2.ReceivedMessage]:
+        assert self.router is not None
+        request = queue_pb2.ReceiveMessagesRequest(queue=self.config.name, max_messages=max_messages, peek=True)
+        if shard is not None:
+            request.shard = shard
+        try:
+            response = await self.router.stub_for(leader).ReceiveMessages(request, metadata=FORWARDED, timeout=10)
+        except grpc.RpcError as error:
+            raise error_from_rpc(error, queue=self.config.name) from None
+        return list(response.messages)
+
     async def _receive_remote(
         self, leader: str, max_messages: int, visibility_timeout_ms: int, wait_ms: int, shard: int | None
     ) -> list[queue_pb2.ReceivedMessage]:
@@ -743,6 +777,22 @@ class HostedQueue:
             shard.environment.close()
 
 
+def _peeked(shard: int, record: MessageRecord, delivery: Delivery) -> queue_pb2.ReceivedMessage:
+    """A message as a peek shows it: everything but a receipt (nothing was claimed)."""
+    return queue_pb2.ReceivedMessage(
+        message_id=format_message_id(sent_at_ms=record.sent_at_ms, shard=shard, seq=record.seq),
+        body=record.body,
+        attributes=record.attributes,
+        group_id=record.group_id,
+        dedup_id=record.dedup_id,
+        receive_count=delivery.receive_count,
+        sent_at_ms=record.sent_at_ms,
+        first_received_at_ms=delivery.first_received_at_ms,
+        shard=shard,
+        seq=record.seq,
+    )
+
+
 def _claim(
     tx: LmdbShardTransaction,
     context: ShardContext,
@@ -802,6 +852,7 @@ class QueueHost:
         # by the server once bound.
         self.advertised_address = ""
         self.queues: dict[str, HostedQueue] = {}
+        self.map_size = map_size
         self.writers = WriterThreads(writer_threads)
         for config in configs:
             if config.name in self.queues:
@@ -825,6 +876,15 @@ class QueueHost:
                     queue.config.name,
                     dead_letter_queue,
                 )
+
+    def open_queue(self, config: QueueConfig) -> HostedQueue:
+        """Host a queue created at run time (standalone servers only)."""
+        assert self.cluster is None, "a cluster's queues come from its cluster map"
+        queue = HostedQueue(
+            config, self.data_dir / "queues" / config.name, map_size=self.map_size, writers=self.writers
+        )
+        self.queues[config.name] = queue
+        return queue
 
     def get(self, name: str) -> HostedQueue:
         queue = self.queues.get(name)

@@ -28,6 +28,9 @@ STATUS_BY_REASON: dict[Reason, grpc.StatusCode] = {
     Reason.SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,
     Reason.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     Reason.OUTCOME_UNKNOWN: grpc.StatusCode.UNAVAILABLE,
+    Reason.QUEUE_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    Reason.QUEUE_IN_USE: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.QUEUE_MANAGED_ELSEWHERE: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 

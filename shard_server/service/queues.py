@@ -21,7 +21,8 @@ from shard_server.domain.validation import (
 from shard_server.runtime import background
 from shard_server.runtime.committing import wall_clock_ms
 from shard_server.runtime.forwarding import FORWARDED, FORWARDED_HEADER
-from shard_server.runtime.hosting import QueueHost
+from shard_server.runtime.hosting import HostedQueue, QueueHost
+from shard_server.runtime.queue_admin import QueueAdmin
 from shard_server.service.converting import (
     config_to_proto,
     entry_results_to_proto,
@@ -100,8 +101,9 @@ def unary(
 
 
 class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
-    def __init__(self, host: QueueHost) -> None:
+    def __init__(self, host: QueueHost, admin: QueueAdmin) -> None:
         self.host = host
+        self.admin = admin
 
     async def _send(
         self, request: queue_pb2.SendMessagesRequest, *, forwarded: bool = False
@@ -131,6 +133,14 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             ),
             wait_ms=request.wait_time_ms,
         )
+        if request.peek:
+            return queue_pb2.ReceiveMessagesResponse(
+                messages=await queue.peek(
+                    max_messages=request.max_messages,
+                    shard=_pinned_shard(request, queue.config.shards),
+                    forwarded=is_forwarded(context),
+                )
+            )
         received = await queue.receive(
             max_messages=request.max_messages,
             visibility_timeout_ms=visibility,
@@ -239,6 +249,32 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                 for index, address, epoch in self.host.routes(queue)
             ],
         )
+
+    def _description(self, queue: HostedQueue) -> queue_pb2.QueueDescription:
+        return queue_pb2.QueueDescription(
+            config=config_to_proto(queue.config),
+            shards=[
+                queue_pb2.ShardRoute(shard=index, leader_address=address, epoch=epoch)
+                for index, address, epoch in self.host.routes(queue)
+            ],
+        )
+
+    @unary("CreateQueue")
+    async def CreateQueue(self, request: queue_pb2.CreateQueueRequest, context: Context) -> queue_pb2.QueueDescription:
+        queue, _ = await self.admin.create(request.queue, dict(request.settings))
+        return self._description(queue)
+
+    @unary("DeleteQueue")
+    async def DeleteQueue(
+        self, request: queue_pb2.DeleteQueueRequest, context: Context
+    ) -> queue_pb2.DeleteQueueResponse:
+        return queue_pb2.DeleteQueueResponse(messages_deleted=await self.admin.delete(request.queue))
+
+    @unary("SetQueueAttributes")
+    async def SetQueueAttributes(
+        self, request: queue_pb2.SetQueueAttributesRequest, context: Context
+    ) -> queue_pb2.QueueDescription:
+        return self._description(await self.admin.set_attributes(request.queue, dict(request.settings)))
 
     @unary("ListQueues")
     async def ListQueues(self, request: queue_pb2.ListQueuesRequest, context: Context) -> queue_pb2.ListQueuesResponse:

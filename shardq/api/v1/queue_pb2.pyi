@@ -276,6 +276,7 @@ class ReceiveMessagesRequest(_message.Message):
     VISIBILITY_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     WAIT_TIME_MS_FIELD_NUMBER: _builtins.int
     SHARD_FIELD_NUMBER: _builtins.int
+    PEEK_FIELD_NUMBER: _builtins.int
     queue: _builtins.str
     max_messages: _builtins.int
     visibility_timeout_ms: _builtins.int
@@ -284,6 +285,10 @@ class ReceiveMessagesRequest(_message.Message):
     """Long polling: wait up to this long for a first message."""
     shard: _builtins.int
     """Receive from this shard only (forwarding and direct routing)."""
+    peek: _builtins.bool
+    """Look without claiming: the messages a receive would hand out now, without
+    receipts; nothing changes (receive counts, visibility). No long polling.
+    """
     def __init__(
         self,
         *,
@@ -292,10 +297,11 @@ class ReceiveMessagesRequest(_message.Message):
         visibility_timeout_ms: _builtins.int | None = ...,
         wait_time_ms: _builtins.int = ...,
         shard: _builtins.int | None = ...,
+        peek: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_shard", b"_shard", "_visibility_timeout_ms", b"_visibility_timeout_ms", "shard", b"shard", "visibility_timeout_ms", b"visibility_timeout_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_shard", b"_shard", "_visibility_timeout_ms", b"_visibility_timeout_ms", "max_messages", b"max_messages", "queue", b"queue", "shard", b"shard", "visibility_timeout_ms", b"visibility_timeout_ms", "wait_time_ms", b"wait_time_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_shard", b"_shard", "_visibility_timeout_ms", b"_visibility_timeout_ms", "max_messages", b"max_messages", "peek", b"peek", "queue", b"queue", "shard", b"shard", "visibility_timeout_ms", b"visibility_timeout_ms", "wait_time_ms", b"wait_time_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__shard: _TypeAlias = _typing.Literal["shard"]  # noqa: Y015
     _WhichOneofArgType__shard: _TypeAlias = _typing.Literal["_shard", b"_shard"]  # noqa: Y015
@@ -1090,3 +1096,134 @@ class ConsumeResponse(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___ConsumeResponse: _TypeAlias = ConsumeResponse  # noqa: Y015
+
+@_typing.final
+class CreateQueueRequest(_message.Message):
+    """Settings use the names of `shardq serve --queue name:key=value` and of a Queue
+    resource (camelCase or snake_case), with the same value syntax ("30s", "1MiB").
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class SettingsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    QUEUE_FIELD_NUMBER: _builtins.int
+    SETTINGS_FIELD_NUMBER: _builtins.int
+    queue: _builtins.str
+    @_builtins.property
+    def settings(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        queue: _builtins.str = ...,
+        settings: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue", "settings", b"settings"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateQueueRequest: _TypeAlias = CreateQueueRequest  # noqa: Y015
+
+@_typing.final
+class DeleteQueueRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_FIELD_NUMBER: _builtins.int
+    queue: _builtins.str
+    def __init__(
+        self,
+        *,
+        queue: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteQueueRequest: _TypeAlias = DeleteQueueRequest  # noqa: Y015
+
+@_typing.final
+class DeleteQueueResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_DELETED_FIELD_NUMBER: _builtins.int
+    messages_deleted: _builtins.int
+    """Messages the queue held when it was deleted."""
+    def __init__(
+        self,
+        *,
+        messages_deleted: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages_deleted", b"messages_deleted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteQueueResponse: _TypeAlias = DeleteQueueResponse  # noqa: Y015
+
+@_typing.final
+class SetQueueAttributesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class SettingsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    QUEUE_FIELD_NUMBER: _builtins.int
+    SETTINGS_FIELD_NUMBER: _builtins.int
+    queue: _builtins.str
+    @_builtins.property
+    def settings(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Only these change; shards, fifo and replicas cannot change after creation."""
+
+    def __init__(
+        self,
+        *,
+        queue: _builtins.str = ...,
+        settings: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue", "settings", b"settings"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetQueueAttributesRequest: _TypeAlias = SetQueueAttributesRequest  # noqa: Y015

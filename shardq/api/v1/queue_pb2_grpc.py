@@ -94,6 +94,21 @@ class QueueServiceStub:
                 request_serializer=shardq_dot_v1_dot_queue__pb2.ConsumeRequest.SerializeToString,
                 response_deserializer=shardq_dot_v1_dot_queue__pb2.ConsumeResponse.FromString,
                 _registered_method=True)
+        self.CreateQueue = channel.unary_unary(
+                '/shardq.v1.QueueService/CreateQueue',
+                request_serializer=shardq_dot_v1_dot_queue__pb2.CreateQueueRequest.SerializeToString,
+                response_deserializer=shardq_dot_v1_dot_queue__pb2.QueueDescription.FromString,
+                _registered_method=True)
+        self.DeleteQueue = channel.unary_unary(
+                '/shardq.v1.QueueService/DeleteQueue',
+                request_serializer=shardq_dot_v1_dot_queue__pb2.DeleteQueueRequest.SerializeToString,
+                response_deserializer=shardq_dot_v1_dot_queue__pb2.DeleteQueueResponse.FromString,
+                _registered_method=True)
+        self.SetQueueAttributes = channel.unary_unary(
+                '/shardq.v1.QueueService/SetQueueAttributes',
+                request_serializer=shardq_dot_v1_dot_queue__pb2.SetQueueAttributesRequest.SerializeToString,
+                response_deserializer=shardq_dot_v1_dot_queue__pb2.QueueDescription.FromString,
+                _registered_method=True)
 
 
 class QueueServiceServicer:
@@ -179,6 +194,28 @@ class QueueServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateQueue(self, request, context):
+        """Runtime queue management (standalone servers; a server whose queues are
+        defined elsewhere, e.g. by the operator's Queue resources, refuses these
+        with FAILED_PRECONDITION naming that place). Created queues are persisted
+        in the data directory and survive restarts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteQueue(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetQueueAttributes(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueueServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -241,6 +278,21 @@ def add_QueueServiceServicer_to_server(servicer, server):
                     servicer.ConsumeStream,
                     request_deserializer=shardq_dot_v1_dot_queue__pb2.ConsumeRequest.FromString,
                     response_serializer=shardq_dot_v1_dot_queue__pb2.ConsumeResponse.SerializeToString,
+            ),
+            'CreateQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateQueue,
+                    request_deserializer=shardq_dot_v1_dot_queue__pb2.CreateQueueRequest.FromString,
+                    response_serializer=shardq_dot_v1_dot_queue__pb2.QueueDescription.SerializeToString,
+            ),
+            'DeleteQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteQueue,
+                    request_deserializer=shardq_dot_v1_dot_queue__pb2.DeleteQueueRequest.FromString,
+                    response_serializer=shardq_dot_v1_dot_queue__pb2.DeleteQueueResponse.SerializeToString,
+            ),
+            'SetQueueAttributes': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetQueueAttributes,
+                    request_deserializer=shardq_dot_v1_dot_queue__pb2.SetQueueAttributesRequest.FromString,
+                    response_serializer=shardq_dot_v1_dot_queue__pb2.QueueDescription.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -567,6 +619,87 @@ class QueueService:
             '/shardq.v1.QueueService/ConsumeStream',
             shardq_dot_v1_dot_queue__pb2.ConsumeRequest.SerializeToString,
             shardq_dot_v1_dot_queue__pb2.ConsumeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/shardq.v1.QueueService/CreateQueue',
+            shardq_dot_v1_dot_queue__pb2.CreateQueueRequest.SerializeToString,
+            shardq_dot_v1_dot_queue__pb2.QueueDescription.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/shardq.v1.QueueService/DeleteQueue',
+            shardq_dot_v1_dot_queue__pb2.DeleteQueueRequest.SerializeToString,
+            shardq_dot_v1_dot_queue__pb2.DeleteQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetQueueAttributes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/shardq.v1.QueueService/SetQueueAttributes',
+            shardq_dot_v1_dot_queue__pb2.SetQueueAttributesRequest.SerializeToString,
+            shardq_dot_v1_dot_queue__pb2.QueueDescription.FromString,
             options,
             channel_credentials,
             insecure,

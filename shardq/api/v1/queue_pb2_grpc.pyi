@@ -62,6 +62,14 @@ class QueueServiceStub:
     """Consumer stream: the client grants credits, the server pushes up to that
     many messages, and acknowledgements travel on the same stream.
     """
+    CreateQueue: _grpc.UnaryUnaryMultiCallable[_queue_pb2.CreateQueueRequest, _queue_pb2.QueueDescription]
+    """Runtime queue management (standalone servers; a server whose queues are
+    defined elsewhere, e.g. by the operator's Queue resources, refuses these
+    with FAILED_PRECONDITION naming that place). Created queues are persisted
+    in the data directory and survive restarts.
+    """
+    DeleteQueue: _grpc.UnaryUnaryMultiCallable[_queue_pb2.DeleteQueueRequest, _queue_pb2.DeleteQueueResponse]
+    SetQueueAttributes: _grpc.UnaryUnaryMultiCallable[_queue_pb2.SetQueueAttributesRequest, _queue_pb2.QueueDescription]
 
 @_typing.type_check_only
 class QueueServiceAsyncStub(QueueServiceStub):
@@ -90,6 +98,14 @@ class QueueServiceAsyncStub(QueueServiceStub):
     """Consumer stream: the client grants credits, the server pushes up to that
     many messages, and acknowledgements travel on the same stream.
     """
+    CreateQueue: _aio.UnaryUnaryMultiCallable[_queue_pb2.CreateQueueRequest, _queue_pb2.QueueDescription]  # type: ignore[assignment]
+    """Runtime queue management (standalone servers; a server whose queues are
+    defined elsewhere, e.g. by the operator's Queue resources, refuses these
+    with FAILED_PRECONDITION naming that place). Created queues are persisted
+    in the data directory and survive restarts.
+    """
+    DeleteQueue: _aio.UnaryUnaryMultiCallable[_queue_pb2.DeleteQueueRequest, _queue_pb2.DeleteQueueResponse]  # type: ignore[assignment]
+    SetQueueAttributes: _aio.UnaryUnaryMultiCallable[_queue_pb2.SetQueueAttributesRequest, _queue_pb2.QueueDescription]  # type: ignore[assignment]
 
 class QueueServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -187,5 +203,31 @@ class QueueServiceServicer(metaclass=_abc_1.ABCMeta):
         """Consumer stream: the client grants credits, the server pushes up to that
         many messages, and acknowledgements travel on the same stream.
         """
+
+    @_abc_1.abstractmethod
+    def CreateQueue(
+        self,
+        request: _queue_pb2.CreateQueueRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_queue_pb2.QueueDescription, _abc.Awaitable[_queue_pb2.QueueDescription]]:
+        """Runtime queue management (standalone servers; a server whose queues are
+        defined elsewhere, e.g. by the operator's Queue resources, refuses these
+        with FAILED_PRECONDITION naming that place). Created queues are persisted
+        in the data directory and survive restarts.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteQueue(
+        self,
+        request: _queue_pb2.DeleteQueueRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_queue_pb2.DeleteQueueResponse, _abc.Awaitable[_queue_pb2.DeleteQueueResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SetQueueAttributes(
+        self,
+        request: _queue_pb2.SetQueueAttributesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_queue_pb2.QueueDescription, _abc.Awaitable[_queue_pb2.QueueDescription]]: ...
 
 def add_QueueServiceServicer_to_server(servicer: QueueServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,168 @@
+"""Creating, deleting and changing queues while a standalone server runs.
+
+The queues given on the command line (or in --config) are static: they are
+defined there and changed there. Queues created at run time are persisted in
+the data directory's catalog and opened again at every start. A server whose
+queues are defined elsewhere (a cluster map; later the operator's Queue
+resources) refuses all three operations and names that place.
+
+Each hosted queue has background tasks (housekeeping per shard, the
+dead-letter mover); this module starts and stops them with the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import shutil
+from collections.abc import Callable, Mapping
+
+from shard_server.runtime import background
+from shard_server.runtime.hosting import HostedQueue, QueueHost
+from shard_server.storage.queue_catalog import QueueCatalog
+from shardq.errors import InvalidArgument, QueueExists, QueueInUse, QueueManagedElsewhere
+from shardq.queues import QueueConfig, check_queue_name, queue_config_from_spec
+
+log = logging.getLogger(__name__)
+
+# Settings fixed at creation: changing them would move messages between shards
+# or change the queue's ordering promise.
+IMMUTABLE_SETTINGS = {"shards": "shards", "fifo": "fifo", "replicas": "replicas"}
+
+
+def parse_settings(name: str, settings: Mapping[str, str]) -> QueueConfig:
+    try:
+        return queue_config_from_spec(name, dict(settings))
+    except ValueError as error:
+        raise InvalidArgument("settings", str(error)) from None
+
+
+def runtime_configs(catalog: QueueCatalog, static: set[str]) -> list[QueueConfig]:
+    """The catalog's queues to open at start (a static queue of the same name wins)."""
+    configs = []
+    for name, settings in catalog.load().items():
+        if name in static:
+            log.warning("queue %s is defined on the command line now: its runtime settings are ignored", name)
+            continue
+        configs.append(queue_config_from_spec(name, settings))
+    return configs
+
+
+class QueueAdmin:
+    def __init__(
+        self,
+        host: QueueHost,
+        *,
+        catalog: QueueCatalog,
+        static: set[str],
+        managed_by: str | None,
+        start_tasks: Callable[[HostedQueue], list[asyncio.Task[None]]] | None = None,
+    ) -> None:
+        self.host = host
+        self.catalog = catalog
+        self.static = static
+        # Where the queues are defined when not here (e.g. "the cluster file /x/cluster.json").
+        self.managed_by = managed_by
+        self._start_tasks = start_tasks or functools.partial(_background_tasks, host)
+        self._tasks: dict[str, list[asyncio.Task[None]]] = {}
+        self._lock = asyncio.Lock()
+
+    def start(self) -> None:
+        """Start every hosted queue's background tasks."""
+        for name, queue in self.host.queues.items():
+            self._tasks[name] = self._start_tasks(queue)
+
+    async def stop(self) -> None:
+        tasks = [task for tasks in self._tasks.values() for task in tasks]
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _refuse_if_managed_elsewhere(self, verb: str, name: str) -> None:
+        if self.managed_by is not None:
+            raise QueueManagedElsewhere(
+                f"this server's queues are defined by {self.managed_by}: {verb} queue {name!r} there"
+            )
+
+    def _refuse_if_static(self, verb: str, name: str) -> None:
+        if name in self.static:
+            raise QueueManagedElsewhere(
+                f"queue {name!r} is defined by the server's --queue/--config: {verb} it there and restart"
+            )
+
+    async def create(self, name: str, settings: Mapping[str, str]) -> tuple[HostedQueue, bool]:
+        """(the queue, created now). Creating an existing queue with the same settings
+        is a no-op, as in SQS; with other settings it is QUEUE_EXISTS."""
+        self._refuse_if_managed_elsewhere("create", name)
+        check_queue_name(name)
+        config = parse_settings(name, settings)
+        async with self._lock:
+            existing = self.host.queues.get(name)
+            if existing is not None:
+                if existing.config != config:
+                    raise QueueExists(name)
+                return existing, False
+            saved = self.catalog.load()
+            saved[name] = dict(settings)
+            queue = await asyncio.to_thread(self.host.open_queue, config)
+            self.catalog.save(saved)
+            self._tasks[name] = self._start_tasks(queue)
+        if config.dead_letter_queue and config.dead_letter_queue not in self.host.queues:
+            log.warning("queue %s: its dead-letter queue %s does not exist yet", name, config.dead_letter_queue)
+        log.info("created queue %s", name)
+        return queue, True
+
+    async def delete(self, name: str) -> int:
+        """Delete the queue and its data; returns how many messages it held."""
+        self._refuse_if_managed_elsewhere("delete", name)
+        queue = self.host.get(name)
+        self._refuse_if_static("delete", name)
+        users = sorted(other for other, q in self.host.queues.items() if q.config.dead_letter_queue == name)
+        if users:
+            raise QueueInUse(f"queue {name!r} is the dead-letter queue of {', '.join(users)}: change those first")
+        async with self._lock:
+            messages = sum(shard.message_count() for shard in queue.shards)
+            del self.host.queues[name]
+            tasks = self._tasks.pop(name, [])
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            queue.wake()  # long polls end (and find the queue gone)
+            await queue.close()
+            await asyncio.to_thread(shutil.rmtree, queue.directory, True)
+            saved = self.catalog.load()
+            saved.pop(name, None)
+            self.catalog.save(saved)
+        log.info("deleted queue %s (%d messages)", name, messages)
+        return messages
+
+    async def set_attributes(self, name: str, settings: Mapping[str, str]) -> HostedQueue:
+        self._refuse_if_managed_elsewhere("change", name)
+        queue = self.host.get(name)
+        self._refuse_if_static("change", name)
+        async with self._lock:
+            saved = self.catalog.load()
+            merged = {**saved.get(name, {}), **settings}
+            config = parse_settings(name, merged)
+            current = queue.config
+            changed = sorted(
+                key for key, field in IMMUTABLE_SETTINGS.items() if getattr(config, field) != getattr(current, field)
+            )
+            if changed:
+                raise InvalidArgument(
+                    "settings", f"{', '.join(changed)} cannot change after a queue is created (create another queue)"
+                )
+            saved[name] = merged
+            self.catalog.save(saved)
+            # Shards read the config for every batch: the next one uses the new settings.
+            queue.config = config
+        log.info("changed queue %s: %s", name, ", ".join(f"{k}={v}" for k, v in sorted(settings.items())))
+        return queue
+
+
+def _background_tasks(host: QueueHost, queue: HostedQueue) -> list[asyncio.Task[None]]:
+    tasks = [asyncio.create_task(background.keep_shard_tidy(shard)) for shard in queue.shards]
+    tasks.append(asyncio.create_task(background.move_dead_letters(host, queue)))
+    return tasks
