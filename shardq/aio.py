@@ -491,9 +491,12 @@ class AsyncClient:
 
         return await self._by_receipt(queue, [r for r, _ in changes], list(changes), call)
 
-    async def release_messages(self, queue: str, receipts: Sequence[str]) -> list[EntryResult]:
+    async def release_messages(self, queue: str, receipts: Sequence[str], *, reason: str = "") -> list[EntryResult]:
+        """Release (nack with backoff); `reason` (at most 1024 characters) is kept as each
+        message's last error and carried to its dead-letter copy."""
+
         async def call(address: str, chunk: list[str]) -> list[EntryResult]:
-            request = queue_pb2.ReleaseMessagesRequest(queue=queue, receipts=chunk)
+            request = queue_pb2.ReleaseMessagesRequest(queue=queue, receipts=chunk, reason=reason)
             return entry_results_from_proto(
                 (await self._routed(queue, address, "ReleaseMessages", request, idempotent=False)).results
             )
@@ -713,13 +716,14 @@ class ConsumerStream:
                 self._returned_credits = 0
             yield message
 
-    async def _acknowledge(self, *, delete: Sequence[str], release: Sequence[str]) -> queue_pb2.AckResult:
+    async def _acknowledge(
+        self, *, delete: Sequence[str], release: Sequence[str], reason: str = ""
+    ) -> queue_pb2.AckResult:
         ack_id = next(self._ack_ids)
         future: asyncio.Future[queue_pb2.AckResult] = asyncio.get_running_loop().create_future()
         self._acks[ack_id] = future
-        self._requests.put_nowait(
-            queue_pb2.ConsumeRequest(ack=queue_pb2.Acknowledge(ack_id=ack_id, receipts=delete, release=release))
-        )
+        acknowledge = queue_pb2.Acknowledge(ack_id=ack_id, receipts=delete, release=release, release_reason=reason)
+        self._requests.put_nowait(queue_pb2.ConsumeRequest(ack=acknowledge))
         return await future
 
     async def _delete_now(self, receipts: list[str]) -> list[EntryResult]:
@@ -732,8 +736,12 @@ class ConsumerStream:
         """Delete over the stream; concurrent calls share acknowledgement frames."""
         return await self._deletes.add_many(receipts)
 
-    async def release(self, receipts: Sequence[str]) -> list[EntryResult]:
-        """Release (nack with backoff) over the stream; concurrent calls share frames."""
+    async def release(self, receipts: Sequence[str], *, reason: str = "") -> list[EntryResult]:
+        """Release (nack with backoff) over the stream; concurrent calls without a
+        reason share frames. A `reason` is kept as the messages' last error."""
+        if reason:
+            answer = await self._acknowledge(delete=(), release=receipts, reason=reason)
+            return entry_results_from_proto(answer.released)
         return await self._releases.add_many(receipts)
 
     async def close(self) -> list[ReceivedMessage]:

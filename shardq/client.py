@@ -101,8 +101,8 @@ class Client:
     def change_visibility(self, queue: str, changes: Sequence[tuple[str, int]]) -> list[EntryResult]:
         return self._run(self._async.change_visibility(queue, changes))
 
-    def release_messages(self, queue: str, receipts: Sequence[str]) -> list[EntryResult]:
-        return self._run(self._async.release_messages(queue, receipts))
+    def release_messages(self, queue: str, receipts: Sequence[str], *, reason: str = "") -> list[EntryResult]:
+        return self._run(self._async.release_messages(queue, receipts, reason=reason))
 
     def purge(self, queue: str) -> int:
         return self._run(self._async.purge(queue))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import inspect
 import logging
 import signal
@@ -17,8 +18,9 @@ from shardq.errors import ShardqError
 from shardq.types import EntryResult, ReceivedMessage
 
 log = logging.getLogger(__name__)
-# The server's limit on receipts in one call.
+# The server's limits on receipts in one call, and on a release's reason.
 MAX_RECEIPTS_PER_CALL = 1_000
+MAX_RELEASE_REASON_CHARS = 1_024
 
 Handler = Callable[[ReceivedMessage], Awaitable[None] | None]
 
@@ -110,7 +112,9 @@ async def run_consumer(
                 )
                 stats.failed += 1
                 beat.cancel()
-                await _acknowledge(stream.release, message, "release")
+                # The error goes with the message: its dead-letter copy will say it.
+                reason = f"{type(error).__name__}: {error}"[:MAX_RELEASE_REASON_CHARS]
+                await _acknowledge(functools.partial(stream.release, reason=reason), message, "release")
             else:
                 beat.cancel()
                 if await _acknowledge(stream.delete, message, "delete"):

@@ -70,7 +70,11 @@ def compute_release_backoff_ms(context: ShardContext, receive_count: int) -> int
     return min(config.nack_backoff_base_ms << exponent, config.nack_backoff_max_ms)
 
 
-def release_message(store: ShardStore, context: ShardContext, receipt: Receipt, *, now_ms: int) -> Reason | None:
+def release_message(
+    store: ShardStore, context: ShardContext, receipt: Receipt, *, now_ms: int, reason: str = ""
+) -> Reason | None:
+    """Release with backoff; `reason` (why the handler gave up) is kept as the message's
+    last error, until a later release says otherwise."""
     checked = check_receipt(store, context, receipt, now_ms=now_ms)
     if isinstance(checked, Reason):
         return checked
@@ -78,6 +82,8 @@ def release_message(store: ShardStore, context: ShardContext, receipt: Receipt, 
         checked,
         state=next_state(checked.state, Action.RELEASE),
         visible_at_ms=now_ms + compute_release_backoff_ms(context, checked.receive_count),
+        last_error=reason or checked.last_error,
     )
-    commit_event(store, context, DeliveryChanged(ChangeKind.RELEASED, released), now_ms=now_ms, current=checked)
+    event = DeliveryChanged(ChangeKind.RELEASED, released, reason=reason)
+    commit_event(store, context, event, now_ms=now_ms, current=checked)
     return None

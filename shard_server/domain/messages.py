@@ -42,6 +42,9 @@ class Delivery:
     last_received_at_ms: int = 0
     claim_epoch: int = 0
     claim_token: int = 0
+    # Why the message was last released (nack), if the releaser said: carried to
+    # its dead-letter copy, so a job queue's last error is not lost.
+    last_error: str = ""
 
     @property
     def indexed(self) -> bool:

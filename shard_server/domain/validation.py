@@ -42,6 +42,8 @@ def _message_problem(
         for key, value in attributes.items():
             if not key or len(key) > MAX_ATTRIBUTE_KEY_CHARS:
                 return "attributes", f"keys must be 1..{MAX_ATTRIBUTE_KEY_CHARS} characters"
+            if key.startswith(RESERVED_ATTRIBUTE_PREFIX):
+                return "attributes", f"keys starting with {RESERVED_ATTRIBUTE_PREFIX!r} are reserved for shardq"
             attribute_bytes += len(key.encode()) + len(value.encode())
         if attribute_bytes > MAX_ATTRIBUTES_BYTES:
             return "attributes", f"at most {MAX_ATTRIBUTES_BYTES} bytes in all"
@@ -86,6 +88,16 @@ def validate_send_batch(count: int, total_bytes: int) -> None:
     validate_batch_size("messages", count, MAX_SEND_BATCH)
     if total_bytes > MAX_BATCH_BYTES:
         raise InvalidArgument("messages", f"batch is {total_bytes} bytes; at most {MAX_BATCH_BYTES}")
+
+
+MAX_RELEASE_REASON_CHARS = 1024
+# Attribute keys the server sets on moved copies (dead letters); senders may not.
+RESERVED_ATTRIBUTE_PREFIX = "shardq."
+
+
+def validate_release_reason(field: str, reason: str) -> None:
+    if len(reason) > MAX_RELEASE_REASON_CHARS:
+        raise InvalidArgument(field, f"at most {MAX_RELEASE_REASON_CHARS} characters, got {len(reason)}")
 
 
 def _shown(ms: int) -> str:

@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator
 
 from shard_server.domain import housekeeping
 from shard_server.domain.context import ShardContext
-from shard_server.domain.messages import NewMessage, format_message_id
+from shard_server.domain.messages import Delivery, NewMessage, format_message_id
+from shard_server.domain.validation import RESERVED_ATTRIBUTE_PREFIX
 from shard_server.runtime.committing import wall_clock_ms
 from shard_server.runtime.hosting import HostedQueue, HostedShard, QueueHost
 from shard_server.storage.lmdb_store import LmdbShardTransaction
@@ -47,6 +48,24 @@ def build_moved_copy(
         delay_ms=0,
         source_queue=source,
     )
+
+
+DEAD_LETTER_SOURCE_ATTRIBUTE = "shardq.dead_letter.source_queue"
+DEAD_LETTER_REASON_ATTRIBUTE = "shardq.dead_letter.reason"
+LAST_ERROR_ATTRIBUTE = "shardq.dead_letter.last_error"
+
+
+def dead_letter_attributes(source: QueueConfig, delivery: Delivery | None) -> dict[str, str]:
+    """What a dead-letter copy says about itself: where from, why, and the last error
+    its handlers gave when releasing it (reserved keys: senders cannot set them)."""
+    receives = delivery.receive_count if delivery is not None else 0
+    attributes = {
+        DEAD_LETTER_SOURCE_ATTRIBUTE: source.name,
+        DEAD_LETTER_REASON_ATTRIBUTE: f"received {receives} times (max_receive_count {source.max_receive_count})",
+    }
+    if delivery is not None and delivery.last_error:
+        attributes[LAST_ERROR_ATTRIBUTE] = delivery.last_error
+    return attributes
 
 
 async def keep_shard_tidy(shard: HostedShard) -> None:
@@ -128,23 +147,26 @@ async def _move_shard_dead_letters(queue: HostedQueue, shard: HostedShard, targe
         # Never more at once than the DLQ could ever hold: a larger batch is refused outright.
         batch = min(DEAD_LETTER_BATCH, target.config.max_depth or DEAD_LETTER_BATCH)
         with shard.environment.read() as tx:
-            records = [tx.get_record(seq) for seq in tx.dead_letter_pending(limit=batch)]
-        present = [record for record in records if record is not None]
+            pending = [(tx.get_record(seq), tx.get_delivery(seq)) for seq in tx.dead_letter_pending(limit=batch)]
+        present = [(record, delivery) for record, delivery in pending if record is not None]
         if not present:
             return
         copies = [
             build_moved_copy(
                 body=record.body,
-                attributes=record.attributes,
+                attributes={
+                    **record.attributes,
+                    **dead_letter_attributes(queue.config, delivery),
+                },
                 group_id=record.group_id,
                 dedup_id="dlq:" + format_message_id(sent_at_ms=record.sent_at_ms, shard=shard.index, seq=record.seq),
                 source=queue.config.name,
                 target=target.config,
             )
-            for record in present
+            for record, delivery in present
         ]
         entries = await target.send(copies)
-        delivered = [record.seq for record, entry in zip(present, entries, strict=True) if entry.error is None]
+        delivered = [record.seq for (record, _), entry in zip(present, entries, strict=True) if entry.error is None]
         if delivered:
             await shard.committer.submit(functools.partial(_complete_dead_letters, seqs=delivered))
         if len(delivered) < len(present):
@@ -201,7 +223,8 @@ async def redrive(
         copies = [
             build_moved_copy(
                 body=body,
-                attributes=attributes,
+                # Back to work: the dead-letter notes stay behind.
+                attributes={k: v for k, v in attributes.items() if not k.startswith(RESERVED_ATTRIBUTE_PREFIX)},
                 group_id=group_id,
                 dedup_id=f"redrive:{source}:{message_id}",
                 source=source,

@@ -705,15 +705,21 @@ class HostedQueue:
             forwarded=forwarded,
         )
 
-    async def release(self, receipts: Sequence[str], *, forwarded: bool = False) -> list[Reason | None]:
+    async def release(
+        self, receipts: Sequence[str], *, reason: str = "", forwarded: bool = False
+    ) -> list[Reason | None]:
         return await self._act_on_receipts(
             receipts,
-            lambda tx, context, receipt, _, now: acknowledging.release_message(tx, context, receipt, now_ms=now),
+            lambda tx, context, receipt, _, now: acknowledging.release_message(
+                tx, context, receipt, now_ms=now, reason=reason
+            ),
             lambda shard: shard.released,
             lambda leader, positions: self._forward_entries(
                 leader,
                 "ReleaseMessages",
-                queue_pb2.ReleaseMessagesRequest(queue=self.config.name, receipts=[receipts[p] for p in positions]),
+                queue_pb2.ReleaseMessagesRequest(
+                    queue=self.config.name, receipts=[receipts[p] for p in positions], reason=reason
+                ),
             ),
             forwarded=forwarded,
         )

@@ -17,6 +17,7 @@ from shard_server.domain.validation import (
     validate_batch_size,
     validate_receipts,
     validate_receive,
+    validate_release_reason,
 )
 from shard_server.runtime import background
 from shard_server.runtime.committing import wall_clock_ms
@@ -183,7 +184,8 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
     ) -> queue_pb2.ReleaseMessagesResponse:
         queue = self.host.get(request.queue)
         validate_receipts("receipts", request.receipts)
-        outcomes = await queue.release(list(request.receipts), forwarded=is_forwarded(context))
+        validate_release_reason("reason", request.reason)
+        outcomes = await queue.release(list(request.receipts), reason=request.reason, forwarded=is_forwarded(context))
         return queue_pb2.ReleaseMessagesResponse(results=entry_results_to_proto(outcomes))
 
     @unary("PurgeQueue")
@@ -367,7 +369,9 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
 
         async def acknowledge(ack: queue_pb2.Acknowledge) -> None:
             deleted = await queue.delete(list(ack.receipts)) if ack.receipts else []
-            released = await queue.release(list(ack.release)) if ack.release else []
+            if ack.release:
+                validate_release_reason("ack.release_reason", ack.release_reason)
+            released = await queue.release(list(ack.release), reason=ack.release_reason) if ack.release else []
             result = queue_pb2.AckResult(
                 ack_id=ack.ack_id,
                 deleted=entry_results_to_proto(deleted),

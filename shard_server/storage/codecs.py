@@ -109,7 +109,7 @@ def decode_record(data: bytes | memoryview) -> MessageRecord:
 
 
 def encode_delivery(delivery: Delivery) -> bytes:
-    return _DELIVERY.pack(
+    fixed = _DELIVERY.pack(
         delivery.state,
         delivery.receive_count,
         delivery.sent_at_ms,
@@ -119,15 +119,19 @@ def encode_delivery(delivery: Delivery) -> bytes:
         delivery.claim_epoch,
         delivery.claim_token,
     )
+    # The last release reason, when there is one, follows the fixed part (a delivery
+    # is always the last part of what holds it, so its length is the remainder).
+    return fixed + delivery.last_error.encode() if delivery.last_error else fixed
 
 
 def decode_delivery(seq: int, data: bytes | memoryview) -> Delivery:
-    state, count, sent_at, visible_at, first, last, epoch, token = _DELIVERY.unpack(data)
+    state, count, sent_at, visible_at, first, last, epoch, token = _DELIVERY.unpack_from(data)
     try:
         known = _STATES[state]  # a tuple lookup: DeliveryState(state) costs 5x more
     except IndexError:
         raise CorruptEntry(f"message {seq}: unknown delivery state {state}") from None
-    return Delivery(seq, known, sent_at, visible_at, count, first, last, epoch, token)
+    last_error = bytes(data[_DELIVERY.size :]).decode() if len(data) > _DELIVERY.size else ""
+    return Delivery(seq, known, sent_at, visible_at, count, first, last, epoch, token, last_error)
 
 
 def encode_sent(event: Sent, record: bytes, delivery: bytes) -> bytes:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as sf
 
 from shardq.analytics.lifecycles import Outcome
@@ -133,3 +133,94 @@ def count_outcomes(lifecycles: DataFrame) -> dict[str, int]:
     for row in lifecycles.groupBy("outcome").count().collect():
         counts[row["outcome"]] = row["count"]
     return counts
+
+
+# What ends a message's wait in the queue, for the backlog over time (a dead-lettered
+# message waits no more, even before its copy reaches the DLQ), as in the lifecycles.
+_REMOVING_EVENTS = ("DELETED", "EXPIRED", "DEAD_LETTERED")
+
+
+def compute_backlog(journal: DataFrame, lifecycles: DataFrame, *, bucket_seconds: int) -> DataFrame:
+    """Per time bucket: backlog (messages waiting at the bucket's end: sent, and not yet
+    deleted, dead-lettered, expired or purged; counted from the start of the range
+    read) and oldest_age_seconds (age of the oldest of them then).
+
+    Columns: bucket_end, backlog, oldest_age_seconds (null when empty).
+    """
+    bucket_start = sf.timestamp_seconds(
+        sf.floor(sf.unix_micros("event_time") / (bucket_seconds * 1_000_000)) * bucket_seconds
+    )
+    change = (
+        sf.when(sf.col("event_type") == "SENT", sf.lit(1))
+        .when(sf.col("event_type").isin(*_REMOVING_EVENTS), sf.lit(-1))
+        .when(sf.col("event_type") == "PURGED", -sf.coalesce(sf.col("purged_count"), sf.lit(0)))
+        .otherwise(sf.lit(0))
+    )
+    per_bucket = journal.groupBy(bucket_start.alias("bucket_start")).agg(sf.sum(change).alias("change"))
+    bounds = per_bucket.agg(sf.min("bucket_start").alias("first"), sf.max("bucket_start").alias("last")).collect()[0]
+    if bounds["first"] is None:
+        return journal.sparkSession.createDataFrame([], "bucket_end timestamp, backlog long, oldest_age_seconds double")
+    spark = journal.sparkSession
+    first_micros = int(bounds["first"].timestamp() * 1_000_000)
+    last_micros = int(bounds["last"].timestamp() * 1_000_000)
+    step = bucket_seconds * 1_000_000
+    buckets = spark.createDataFrame(
+        [(micros,) for micros in range(first_micros, last_micros + step, step)], "start_micros long"
+    ).select(sf.timestamp_micros("start_micros").alias("bucket_start"))
+    running = Window.orderBy("bucket_start").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    backlog = (
+        buckets.join(per_bucket, "bucket_start", "left")
+        .withColumn("backlog", sf.sum(sf.coalesce(sf.col("change"), sf.lit(0))).over(running))
+        .withColumn("bucket_end", sf.timestamp_micros(sf.unix_micros("bucket_start") + step))
+        .select("bucket_end", "backlog")
+    )
+    ended = sf.coalesce(sf.col("deleted_at"), sf.col("dead_lettered_at"), sf.col("expired_at"), sf.col("purged_at"))
+    alive = lifecycles.select("sent_at", ended.alias("ended_at")).where(sf.col("sent_at").isNotNull())
+    # At most ~120 bucket ends against every message: a nested-loop join Spark broadcasts.
+    oldest = (
+        sf.broadcast(backlog.select("bucket_end"))
+        .join(
+            alive,
+            (sf.col("sent_at") <= sf.col("bucket_end"))
+            & (sf.col("ended_at").isNull() | (sf.col("ended_at") > sf.col("bucket_end"))),
+        )
+        .groupBy("bucket_end")
+        .agg(sf.min("sent_at").alias("oldest_sent_at"))
+    )
+    return (
+        backlog.join(oldest, "bucket_end", "left")
+        .withColumn(
+            "oldest_age_seconds",
+            (sf.unix_micros("bucket_end") - sf.unix_micros("oldest_sent_at")) / sf.lit(1_000_000.0),
+        )
+        .select("bucket_end", "backlog", "oldest_age_seconds")
+        .orderBy("bucket_end")
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WaitAndProcessing:
+    """Of the deleted messages: waiting (sent -> first received) and processing
+    (last received -> deleted) time, as (percentile, ms) curves."""
+
+    messages: int
+    wait_curve: tuple[tuple[float, float], ...]
+    processing_curve: tuple[tuple[float, float], ...]
+
+
+def compute_wait_and_processing(lifecycles: DataFrame) -> WaitAndProcessing:
+    deleted = lifecycles.where(sf.col("deleted_at").isNotNull() & sf.col("first_received_at").isNotNull())
+    wait = sf.unix_millis("first_received_at") - sf.unix_millis("sent_at")
+    processing = sf.unix_millis("deleted_at") - sf.unix_millis("last_received_at")
+    row = deleted.agg(
+        sf.count(sf.lit(1)).alias("messages"),
+        sf.percentile_approx(wait, list(LATENCY_CURVE_PERCENTILES), _PERCENTILE_ACCURACY).alias("wait"),
+        sf.percentile_approx(processing, list(LATENCY_CURVE_PERCENTILES), _PERCENTILE_ACCURACY).alias("processing"),
+    ).collect()[0]
+    if row["messages"] == 0:
+        return WaitAndProcessing(0, (), ())
+    return WaitAndProcessing(
+        messages=row["messages"],
+        wait_curve=tuple(zip(LATENCY_CURVE_PERCENTILES, (float(v) for v in row["wait"]), strict=True)),
+        processing_curve=tuple(zip(LATENCY_CURVE_PERCENTILES, (float(v) for v in row["processing"]), strict=True)),
+    )

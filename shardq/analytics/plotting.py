@@ -39,6 +39,10 @@ OUTCOME_COLOURS = {
 }
 
 
+# A throughput peak this many times the median rate gets a log scale and a label.
+SPIKE_FACTOR = 20
+
+
 def _new_figure() -> tuple[Figure, Axes]:
     figure = Figure(figsize=_FIGURE_SIZE, dpi=_DPI)
     FigureCanvasAgg(figure)
@@ -92,7 +96,22 @@ def plot_throughput(
             )
     axes.set_ylabel("events / s")
     axes.set_xlabel("time (UTC)")
-    axes.set_ylim(bottom=0)
+    positive = sorted(rate for _, _, rate in points if rate > 0)
+    peak_start, peak_kind, peak_rate = max(points, key=lambda point: point[2])
+    if positive and peak_rate > SPIKE_FACTOR * positive[len(positive) // 2]:
+        # A bulk load dwarfs everything else: a log scale keeps the rest readable,
+        # and the spike is marked so it is not mistaken for the normal rate.
+        axes.set_yscale("symlog", linthresh=1)
+        axes.annotate(
+            f"peak: {peak_rate:,.0f} {peak_kind.lower().replace('_', ' ')}/s",
+            xy=(mdates.date2num(peak_start.replace(tzinfo=None)), peak_rate),  # type: ignore[no-untyped-call]
+            xytext=(10, -15),
+            textcoords="offset points",
+            arrowprops={"arrowstyle": "->", "color": "black"},
+        )
+        axes.set_ylabel("events / s (log scale)")
+    else:
+        axes.set_ylim(bottom=0)
     # matplotlib leaves this constructor unannotated.
     formatter = mdates.ConciseDateFormatter(axes.xaxis.get_major_locator())  # type: ignore[no-untyped-call]
     axes.xaxis.set_major_formatter(formatter)
@@ -158,14 +177,18 @@ def plot_receive_counts(rows: Sequence[tuple[int, str, int]], *, path: pathlib.P
             continue
         values = [heights.get(count, 0) for count in counts]
         axes.bar(
-            [str(c) for c in counts],
+            counts,
             values,
             bottom=[bottoms[c] for c in counts],
             color=colour,
             label=outcome.replace("_", " "),
+            width=0.8,
         )
         for count, value in zip(counts, values, strict=True):
             bottoms[count] += value
+    # A numeric axis: gaps in the counts (1, 2, 5) show as gaps.
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_xlim(min(counts) - 0.6, max(counts) + 0.6)
     axes.set_xlabel("times received")
     axes.set_ylabel("messages")
     axes.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -209,6 +232,76 @@ def plot_shard_load(rows: Sequence[tuple[int, int, int, int]], *, path: pathlib.
     axes.set_ylabel("events")
     axes.yaxis.set_major_locator(MaxNLocator(integer=True))
     axes.legend()
+    return _save(figure, path)
+
+
+def plot_backlog(rows: Sequence[tuple[datetime.datetime, int, float | None]], *, path: pathlib.Path) -> pathlib.Path:
+    """`rows` are (bucket end, messages waiting, oldest message's age in s or None)."""
+    figure, axes = _new_figure()
+    axes.set_title("Backlog and oldest message age over time")
+    if not rows:
+        _no_data(axes, "no events in the journal")
+        return _save(figure, path)
+    times = np.array([moment.replace(tzinfo=None) for moment, _, _ in rows], dtype="datetime64[ms]")
+    marker = "o" if len(rows) <= 30 else None  # a handful of buckets: show each
+    axes.plot(
+        times,
+        [backlog for _, backlog, _ in rows],
+        color=OUTCOME_COLOURS["pending"],
+        linewidth=2,
+        marker=marker,
+        label="backlog",
+    )
+    axes.set_ylabel("messages waiting")
+    axes.set_ylim(bottom=0)
+    axes.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ages = axes.twinx()
+    ages.plot(
+        times,
+        [age if age is not None else np.nan for _, _, age in rows],
+        color="#555555",
+        linestyle="--",
+        linewidth=1.5,
+        marker=marker,
+        label="oldest age",
+    )
+    ages.set_ylabel("oldest message age (s)")
+    ages.set_ylim(bottom=0)
+    axes.set_xlabel("time (UTC)")
+    formatter = mdates.ConciseDateFormatter(axes.xaxis.get_major_locator())  # type: ignore[no-untyped-call]
+    axes.xaxis.set_major_formatter(formatter)
+    lines = [*axes.get_lines(), *ages.get_lines()]
+    axes.legend(lines, [str(line.get_label()) for line in lines], loc="upper left")
+    return _save(figure, path)
+
+
+def plot_wait_and_processing(
+    messages: int,
+    wait_curve: Sequence[tuple[float, float]],
+    processing_curve: Sequence[tuple[float, float]],
+    *,
+    path: pathlib.Path,
+) -> pathlib.Path:
+    """Where the end-to-end time goes: waiting to be received vs being processed."""
+    figure, axes = _new_figure()
+    axes.set_title(f"Waiting (sent -> received) vs processing (received -> deleted), {messages} messages")
+    if not wait_curve:
+        _no_data(axes, "no deleted messages")
+        return _save(figure, path)
+    for label, curve, colour in (
+        ("waiting in the queue", wait_curve, OUTCOME_COLOURS["pending"]),
+        ("processing", processing_curve, OUTCOME_COLOURS["deleted"]),
+    ):
+        axes.plot([100 * p for p, _ in curve], [ms for _, ms in curve], linewidth=2, color=colour, label=label)
+    values = [ms for _, ms in (*wait_curve, *processing_curve) if ms > 0]
+    if values and max(values) / min(values) > 50:
+        axes.set_yscale("log")
+    else:
+        axes.set_ylim(bottom=0)
+    axes.set_xlim(0, 101)
+    axes.set_xlabel("percentile of deleted messages")
+    axes.set_ylabel("time (ms)")
+    axes.legend(loc="upper left")
     return _save(figure, path)
 
 

@@ -32,8 +32,9 @@ PARQUET_TABLES = (
     "receive_counts",
     "dead_letters",
     "shard_load",
+    "backlog",
 )
-PLOTS = ("throughput", "latency", "receive_counts", "dead_letters", "shard_load")
+PLOTS = ("throughput", "backlog", "latency", "wait_vs_processing", "receive_counts", "dead_letters", "shard_load")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,8 +188,10 @@ def _run_report(
         "receive_counts": metrics.compute_receive_counts(lifecycles),
         "dead_letters": metrics.compute_dead_letters(journal),
         "shard_load": metrics.compute_shard_load(journal),
+        "backlog": metrics.compute_backlog(journal, lifecycles, bucket_seconds=bucket_seconds),
     }
     latency = metrics.compute_latency(lifecycles)
+    waiting = metrics.compute_wait_and_processing(lifecycles)
     tables["latency_percentiles"] = spark.createDataFrame(
         [(float(p), float(ms)) for p, ms in latency.curve], "percentile double, latency_ms double"
     )
@@ -227,7 +230,20 @@ def _run_report(
             bucket_seconds=bucket_seconds,
             path=plots_dir / "throughput.png",
         ),
+        "backlog": plotting.plot_backlog(
+            [
+                (end, row["backlog"], row["oldest_age_seconds"])
+                for row in tables["backlog"]
+                .select(sf.unix_micros("bucket_end").alias("end_micros"), "backlog", "oldest_age_seconds")
+                .collect()
+                if (end := _utc_from_micros(row["end_micros"])) is not None
+            ],
+            path=plots_dir / "backlog.png",
+        ),
         "latency": plotting.plot_latency(latency, path=plots_dir / "latency.png"),
+        "wait_vs_processing": plotting.plot_wait_and_processing(
+            waiting.messages, waiting.wait_curve, waiting.processing_curve, path=plots_dir / "wait_vs_processing.png"
+        ),
         "receive_counts": plotting.plot_receive_counts(receive_counts, path=plots_dir / "receive_counts.png"),
         "dead_letters": plotting.plot_dead_letters(dead_letters, path=plots_dir / "dead_letters.png"),
         "shard_load": plotting.plot_shard_load(
@@ -284,6 +300,7 @@ def _run_report(
         },
         sections=[
             ("Throughput", plots["throughput"], [], []),
+            ("Backlog and oldest message age", plots["backlog"], [], []),
             (
                 "End-to-end latency (sent to deleted)",
                 plots["latency"],
@@ -304,6 +321,7 @@ def _run_report(
                     ]
                 ],
             ),
+            ("Waiting vs processing", plots["wait_vs_processing"], [], []),
             (
                 "Deliveries per message",
                 plots["receive_counts"],

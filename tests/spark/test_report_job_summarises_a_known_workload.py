@@ -125,6 +125,11 @@ def test_report_numbers_tables_and_plots_match_the_workload(spark, start_server,
     throughput = {row["event_type"]: 0 for row in tables["throughput"].collect()}
     assert {"SENT", "RECEIVED", "DELETED", "DEAD_LETTERED"} <= set(throughput)
     assert tables["latency_percentiles"].count() > 100
+    backlog = tables["backlog"].orderBy("bucket_end").collect()
+    assert backlog[-1]["backlog"] == PENDING  # purges, deletes and dead letters all taken off
+    assert max(row["backlog"] for row in backlog) <= DELETED + DEAD_LETTERED + PURGED + PENDING
+    assert backlog[-1]["oldest_age_seconds"] is not None
+    assert backlog[-1]["oldest_age_seconds"] >= 0
 
     page = summary.report_html.read_text()
     for name in PLOTS:

@@ -43,6 +43,7 @@ deliveries = st.builds(
     last_received_at_ms=st.integers(0, 2**62),
     claim_epoch=st.integers(0, 2**63),
     claim_token=st.integers(0, 2**63),
+    last_error=text,
 )
 
 

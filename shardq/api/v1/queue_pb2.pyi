@@ -471,7 +471,12 @@ class ReleaseMessagesRequest(_message.Message):
 
     QUEUE_FIELD_NUMBER: _builtins.int
     RECEIPTS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     queue: _builtins.str
+    reason: _builtins.str
+    """Why (e.g. the handler's error): kept as each message's last error and
+    carried to its dead-letter copy. At most 1024 characters.
+    """
     @_builtins.property
     def receipts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -479,10 +484,11 @@ class ReleaseMessagesRequest(_message.Message):
         *,
         queue: _builtins.str = ...,
         receipts: _abc.Iterable[_builtins.str] | None = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue", "receipts", b"receipts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue", "reason", b"reason", "receipts", b"receipts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -991,7 +997,10 @@ class Acknowledge(_message.Message):
     ACK_ID_FIELD_NUMBER: _builtins.int
     RECEIPTS_FIELD_NUMBER: _builtins.int
     RELEASE_FIELD_NUMBER: _builtins.int
+    RELEASE_REASON_FIELD_NUMBER: _builtins.int
     ack_id: _builtins.int
+    release_reason: _builtins.str
+    """Why the `release` receipts are released (as ReleaseMessagesRequest.reason)."""
     @_builtins.property
     def receipts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Receipts to delete."""
@@ -1006,10 +1015,11 @@ class Acknowledge(_message.Message):
         ack_id: _builtins.int = ...,
         receipts: _abc.Iterable[_builtins.str] | None = ...,
         release: _abc.Iterable[_builtins.str] | None = ...,
+        release_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_id", b"ack_id", "receipts", b"receipts", "release", b"release"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_id", b"ack_id", "receipts", b"receipts", "release", b"release", "release_reason", b"release_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
