@@ -503,12 +503,18 @@ class HostedQueue:
         local = [s for s in self.shards if s.is_local_leader() and (shard is None or s.index == shard)]
         found: list[queue_pb2.ReceivedMessage] = []
         for hosted in local:
-            with hosted.environment.read() as tx:
-                for _, seq in tx.eligible(now, after=None, limit=max_messages):
-                    record, delivery = tx.get_record(seq), tx.get_delivery(seq)
-                    if record is None or delivery is None:
-                        continue
-                    found.append(_peeked(hosted.index, record, delivery))
+
+            def look(hosted: HostedShard = hosted) -> list[queue_pb2.ReceivedMessage]:
+                with hosted.environment.read() as tx:
+                    pairs = [
+                        (tx.get_record(seq), tx.get_delivery(seq))
+                        for _, seq in tx.eligible(now, after=None, limit=max_messages)
+                    ]
+                return [_peeked(hosted.index, r, d) for r, d in pairs if r is not None and d is not None]
+
+            # On the writer thread, after the batches already queued: a receive answered
+            # before its commit is seen by a peek that follows it.
+            found += await hosted.committer.run_exclusive(look)
         if not forwarded and shard is None:
             for leader in self.remote_leaders():
                 found += await self._peek_remote(leader, max_messages, None)

@@ -27,7 +27,15 @@ def test_message_received_too_often_moves_to_dlq_and_redrives_back(client: Clien
 
     wait_for(dead_lettered, timeout=10, what="the message to reach the dead-letter queue")
     (in_dlq,) = client.receive_messages(DLQ, max_messages=10, visibility_timeout_ms=0)
-    assert (in_dlq.body, in_dlq.attributes) == (b"poison", {"kind": "poison"})
+    # The copy keeps the attributes and says where it came from and why.
+    assert (in_dlq.body, in_dlq.attributes) == (
+        b"poison",
+        {
+            "kind": "poison",
+            "shardq.dead_letter.source_queue": SOURCE,
+            "shardq.dead_letter.reason": "received 2 times (max_receive_count 2)",
+        },
+    )
     assert in_dlq.receive_count == 1
 
     progress = list(client.redrive(source=DLQ, destination=SOURCE))
