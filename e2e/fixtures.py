@@ -34,6 +34,21 @@ from e2e.realnode import (
 KEEP_WORKDIR_ENV = "SHARDQ_E2E_KEEP_WORKDIR"
 
 
+# The image the tests run on an existing cluster (--cluster=kubeconfig:PATH): e2e/kind/up.sh
+# builds and loads it with this name.
+EXTERNAL_IMAGE_ENV = "SHARDQ_E2E_IMAGE"
+EXTERNAL_IMAGE_DEFAULT = "shardq:dev"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--cluster",
+        default="real-node",
+        help="where -m realnode tests run: real-node (this machine's, e2e/realnode.py) or kubeconfig:PATH "
+        f"(an existing cluster running the image ${EXTERNAL_IMAGE_ENV}, default {EXTERNAL_IMAGE_DEFAULT})",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
@@ -107,9 +122,20 @@ def namespace(control_plane: ControlPlane, api_client: client.ApiClient) -> Iter
 
 
 @pytest.fixture(scope="session")
-def real_node() -> Iterator[RunningNode]:
-    """The real single-node cluster (e2e.realnode): reused if `e2e/cluster up` left one
-    running, else brought up for the session and taken down after it."""
+def real_node(request: pytest.FixtureRequest, binaries: Binaries) -> Iterator[RunningNode]:
+    """The cluster pods really run on: this machine's real node (e2e.realnode), reused if
+    `e2e/cluster up` left one running, else brought up for the session and taken down
+    after it; or, with --cluster=kubeconfig:PATH, an existing cluster (kind, ...)."""
+    chosen = str(request.config.getoption("--cluster"))
+    if chosen.startswith("kubeconfig:"):
+        kubeconfig = Path(chosen.removeprefix("kubeconfig:")).resolve()
+        if not kubeconfig.is_file():
+            pytest.fail(f"--cluster: no kubeconfig at {kubeconfig}", pytrace=False)
+        image = os.environ.get(EXTERNAL_IMAGE_ENV, EXTERNAL_IMAGE_DEFAULT)
+        yield RunningNode(None, NodeInfo(kubeconfig=kubeconfig, shardq_image=image, kubectl=binaries.kubectl))
+        return
+    if chosen != "real-node":
+        pytest.fail(f"--cluster must be real-node or kubeconfig:PATH, not {chosen!r}", pytrace=False)
     node_binaries = locate_node_binaries()
     require(*node_binaries.__dict__.values())
     try:
@@ -134,7 +160,8 @@ def real_node() -> Iterator[RunningNode]:
 def node_namespace(real_node: RunningNode) -> Iterator[str]:
     """A fresh namespace on the real node, deleted (with its pods and claims) after the test."""
     with real_node.info.api_client() as api:
-        recycle_released_volumes(api, real_node.layout)
+        if real_node.layout is not None:
+            recycle_released_volumes(api, real_node.layout)
         core = client.CoreV1Api(api)
         name = f"node-{uuid.uuid4().hex[:10]}"
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))

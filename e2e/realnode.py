@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubernetes import client
+from kubernetes import config as kubernetes_config
 from kubernetes.client.exceptions import ApiException
 
 from e2e.binaries import cache_root, locate_binaries, read_versions
@@ -154,24 +155,22 @@ def locate_node_binaries() -> NodeBinaries:
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """A running node, as `up` leaves it for tests and for `status`."""
+    """A cluster the tests use: the real node as `up` leaves it, or any existing
+    cluster given by its kubeconfig (`pytest e2e --cluster=kubeconfig:PATH`)."""
 
     kubeconfig: Path
-    server: str
-    ca_cert: Path
-    admin_cert: Path
-    admin_key: Path
     shardq_image: str
     kubectl: Path
 
     def api_client(self) -> client.ApiClient:
-        configuration = client.Configuration(
-            host=self.server,
-            ssl_ca_cert=str(self.ca_cert),
-            cert_file=str(self.admin_cert),
-            key_file=str(self.admin_key),
-        )
-        return client.ApiClient(configuration)
+        api: client.ApiClient = kubernetes_config.new_client_from_config(config_file=str(self.kubeconfig))
+        return api
+
+    @property
+    def server(self) -> str:
+        with self.api_client() as api:
+            host: str = api.configuration.host
+        return host
 
     def kubectl_command(self, *args: str) -> list[str]:
         return [str(self.kubectl), f"--kubeconfig={self.kubeconfig}", *args]
@@ -183,13 +182,7 @@ class NodeInfo:
     def load(cls, path: Path) -> NodeInfo:
         data = json.loads(path.read_text())
         return cls(
-            kubeconfig=Path(data["kubeconfig"]),
-            server=data["server"],
-            ca_cert=Path(data["ca_cert"]),
-            admin_cert=Path(data["admin_cert"]),
-            admin_key=Path(data["admin_key"]),
-            shardq_image=data["shardq_image"],
-            kubectl=Path(data["kubectl"]),
+            kubeconfig=Path(data["kubeconfig"]), shardq_image=data["shardq_image"], kubectl=Path(data["kubectl"])
         )
 
 
@@ -255,15 +248,7 @@ def up(layout: Layout | None = None) -> NodeInfo:
         )
         plane.forget_detached_processes()
         log(f"control plane serving on {plane.server}")
-        info = NodeInfo(
-            kubeconfig=plane.kubeconfig,
-            server=plane.server,
-            ca_cert=plane.pki.ca.cert,
-            admin_cert=plane.pki.admin.cert,
-            admin_key=plane.pki.admin.key,
-            shardq_image=shardq.name,
-            kubectl=binaries.kubectl,
-        )
+        info = NodeInfo(kubeconfig=plane.kubeconfig, shardq_image=shardq.name, kubectl=binaries.kubectl)
         _start_node_processes(layout, plane, node_binaries)
         with info.api_client() as api:
             _wait_node_ready(api)
@@ -831,31 +816,40 @@ def status(layout: Layout | None = None) -> tuple[bool, str]:
     info = NodeInfo.load(layout.info)
     try:
         with info.api_client() as api:
+            server = api.configuration.host
             node = client.CoreV1Api(api).read_node(NODE.name)
     except Exception as error:  # any failure to answer means not usable
-        return False, f"unhealthy: API server at {info.server}: {error}"
+        return False, f"unhealthy: API server of {info.kubeconfig}: {error}"
     ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
     if not ready:
         return False, f"unhealthy: node {NODE.name} not Ready"
-    return True, f"up: {info.server}, node {NODE.name} Ready, kubeconfig {info.kubeconfig}, image {info.shardq_image}"
+    return True, f"up: {server}, node {NODE.name} Ready, kubeconfig {info.kubeconfig}, image {info.shardq_image}"
 
 
 class RunningNode:
-    """The node a test session uses; `restart` brings it down and up again (new PKI, new ports)."""
+    """The cluster a test session uses: this machine's real node (`layout` set, so
+    `restart` can bring it down and up again), or an existing cluster (`layout`
+    None: tests of the node's own host state skip)."""
 
-    def __init__(self, layout: Layout, info: NodeInfo) -> None:
+    def __init__(self, layout: Layout | None, info: NodeInfo) -> None:
         self.layout = layout
         self.info = info
 
+    def own_node(self, needed_for: str) -> Layout:
+        """The real node's layout; skips the calling test on an existing cluster."""
+        if self.layout is None:
+            import pytest
+
+            pytest.skip(f"needs this machine's real node ({needed_for}), not an existing cluster")
+        return self.layout
+
     def restart(self) -> Leftovers:
         """Down, then up again; returns what `down` left behind (nothing, if it works)."""
-        down(self.layout)
-        remains = leftovers(self.layout)
-        self.info = up(self.layout)
+        layout = self.own_node("to bring it down and up")
+        down(layout)
+        remains = leftovers(layout)
+        self.info = up(layout)
         return remains
-
-    def runc_root(self) -> Path:
-        return self.layout.runc_root / "k8s.io"
 
 
 def main(argv: list[str] | None = None) -> int:

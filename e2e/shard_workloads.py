@@ -5,6 +5,7 @@ Manifests are built with the official client's models; waits poll the API.
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import dataclass
 
 import grpc
@@ -202,3 +203,32 @@ def delete_pod_and_wait_replaced(api: client.ApiClient, servers: ShardServers, o
 
     new: client.V1Pod = wait_for(replaced, timeout=POD_READY_TIMEOUT_S, what=f"{name} replaced and Ready", interval=0.5)
     return new
+
+
+# Run inside the server's container: SIGKILL to the `shardq serve` process (tini, PID 1,
+# then exits with it and the kubelet restarts the container).
+_KILL_SERVER = (
+    "import os, signal\n"
+    "for pid in [p for p in os.listdir('/proc') if p.isdigit() and p != '1']:\n"
+    "    try:\n"
+    "        command = open(f'/proc/{pid}/cmdline', 'rb').read()\n"
+    "    except OSError:\n"
+    "        continue\n"
+    "    if b'serve' in command and b'shardq' in command:\n"
+    "        os.kill(int(pid), signal.SIGKILL)\n"
+    "        print(pid)\n"
+)
+
+
+def sigkill_server_process(kubectl: list[str], namespace: str, pod_name: str) -> int:
+    """SIGKILL the server process of a pod (works on any cluster: through kubectl exec)."""
+    done = subprocess.run(
+        [*kubectl, "--namespace", namespace, "exec", pod_name, "--", "python3", "-c", _KILL_SERVER],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    killed = done.stdout.split()
+    assert killed, f"no shardq serve process in {pod_name}: {done.stderr}"
+    return int(killed[0])

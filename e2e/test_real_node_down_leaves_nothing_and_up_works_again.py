@@ -13,11 +13,12 @@ pytestmark = [pytest.mark.realnode, pytest.mark.timeout(300)]
 
 
 def test_down_leaves_nothing_behind_and_up_works_again(real_node: RunningNode, node_namespace: str) -> None:
+    layout = real_node.own_node("its host state")
     with real_node.info.api_client() as api:
         create_shard_servers(
             api, node_namespace, name="shard", image=real_node.info.shardq_image, replicas=1, queue="orders"
         )
-    before = leftovers(real_node.layout)
+    before = leftovers(layout)
     assert before.processes, "a node that is up runs processes"
     assert before.mounts, "a running pod has mounts (rootfs, volumes, network namespace)"
     assert before.bridge, "a running pod is on the bridge"
@@ -27,7 +28,7 @@ def test_down_leaves_nothing_behind_and_up_works_again(real_node: RunningNode, n
     remains = real_node.restart()
 
     assert remains.clean, f"left behind after down: {remains}"
-    healthy, line = status(real_node.layout)
+    healthy, line = status(layout)
     assert healthy, line
     with real_node.info.api_client() as api:
         node = client.CoreV1Api(api).read_node(NODE.name)

@@ -38,6 +38,7 @@ def test_the_dockerfile_names_the_same_base_packages_and_requirement() -> None:
 @pytest.mark.realnode
 @pytest.mark.timeout(180)
 def test_the_running_image_holds_exactly_its_wheel_set(real_node: RunningNode, node_namespace: str) -> None:
+    real_node.own_node("the wheel manifest of this machine's image build")
     tag = real_node.info.shardq_image.rsplit(":", 1)[1]
     manifest = images_dir() / f"shardq-{tag}.wheels.txt"
     expected = set(manifest.read_text().split())

@@ -3,11 +3,6 @@ SIGKILLed container both come back on the same volume, with every acknowledged m
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-
 import pytest
 from kubernetes import client
 
@@ -18,6 +13,7 @@ from e2e.shard_workloads import (
     create_shard_servers,
     delete_pod_and_wait_replaced,
     pod,
+    sigkill_server_process,
     wait_serving,
 )
 from shardq import Client, Message
@@ -47,18 +43,6 @@ def stored_bodies(endpoint: str) -> set[bytes]:
                 receipts.append(message.receipt)
         shard_client.release_messages("orders", receipts)
     return set(seen.values())
-
-
-def container_main_pid(real_node: RunningNode, api: client.ApiClient, namespace: str, name: str) -> int:
-    status = pod(api, namespace, name).status.container_statuses[0]
-    container_id = status.container_id.removeprefix("containerd://")
-    state = subprocess.run(
-        ["runc", "--root", str(real_node.runc_root()), "state", container_id],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return int(json.loads(state.stdout)["pid"])
 
 
 def test_deleted_and_killed_pods_come_back_with_every_acknowledged_message(
@@ -91,9 +75,8 @@ def test_deleted_and_killed_pods_come_back_with_every_acknowledged_message(
         assert replaced.spec.volumes[0].persistent_volume_claim.claim_name == "data-shard-1"
         assert stored_bodies(endpoint_of(api, node_namespace, "shard-1")) == acknowledged[1]
 
-        # SIGKILL of the container's main process, from the host: kubelet restarts it.
-        victim = container_main_pid(real_node, api, node_namespace, "shard-2")
-        os.kill(victim, signal.SIGKILL)
+        # SIGKILL of the container's server process: the kubelet restarts the container.
+        sigkill_server_process(info.kubectl_command(), node_namespace, "shard-2")
 
         def restarted() -> bool:
             status = pod(api, node_namespace, "shard-2").status
