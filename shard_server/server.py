@@ -157,7 +157,7 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
 
     collector = metrics.ShardCollector(
         lambda: [shard.report() for _, _, shard in host.shard_stats_sources()],
-        lambda: [queue.config for queue in host.queues.values()],
+        lambda: [queue.config for queue in list(host.queues.values())],
         now_ms=wall_clock_ms,
     )
     metrics.REGISTRY.register(collector)

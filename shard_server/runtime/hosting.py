@@ -906,7 +906,10 @@ class QueueHost:
         return queue
 
     def shard_stats_sources(self) -> list[tuple[str, int, HostedShard]]:
-        return [(queue.config.name, shard.index, shard) for queue in self.queues.values() for shard in queue.shards]
+        # A snapshot of the table first: the metrics thread calls this while queues
+        # may be created or deleted on the event loop.
+        queues = list(self.queues.values())
+        return [(queue.config.name, shard.index, shard) for queue in queues for shard in queue.shards]
 
     def routes(self, queue: HostedQueue) -> list[tuple[int, str, int]]:
         """(shard, leader address, epoch) for every shard of the queue."""
