@@ -235,6 +235,8 @@ class HostedQueue:
         self.dead_letters_waiting = asyncio.Event()
         _refuse_orphaned_shards(config, directory)
         self.directory = directory
+        # Set when the queue is deleted: calls still holding it answer QUEUE_NOT_FOUND.
+        self.closed = False
         # Claims handed back after their caller went away (kept so they are not collected).
         self._giving_back: set[asyncio.Task[list[Reason | None]]] = set()
         # Depth of shards led elsewhere, as their leaders last reported (max_depth).
@@ -471,6 +473,8 @@ class HostedQueue:
             return Received([], await self._receive_remote(leader, max_messages, visibility_timeout_ms, wait_ms, shard))
         deadline = wall_clock_ms() + wait_ms
         while True:
+            if self.closed:
+                raise QueueNotFound(self.config.name)  # deleted while this call waited
             local = [s for s in self.shards if s.is_local_leader() and (shard is None or s.index == shard)]
             claimed = await self._claim_now(local, max_messages, visibility_timeout_ms)
             if claimed:
@@ -784,6 +788,8 @@ class HostedQueue:
         return [(shard, shard.stats()) for shard in self.shards if shard.is_local_leader()]
 
     async def close(self) -> None:
+        self.closed = True
+        self.wake()  # long polls wake, and find the queue closed
         for shard in self.shards:
             await shard.committer.close()
             shard.environment.close()

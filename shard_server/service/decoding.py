@@ -9,7 +9,8 @@ bad request does (a stream's earlier frames are answered first).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
 import grpc
@@ -64,12 +65,13 @@ class RejectingUndecodable(grpc.aio.ServerInterceptor):
                 yield frame
 
         if handler.request_streaming and handler.response_streaming:
-            both = cast(Callable[[Any, Context], AsyncIterator[Any]], handler.stream_stream)
+            both = cast(Callable[[Any, Context], AsyncGenerator[Any, None]], handler.stream_stream)
 
             async def stream_stream(frames: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
                 refused: list[InvalidArgument] = []
-                async for response in both(checked_frames(frames, refused), context):
-                    yield response
+                async with contextlib.aclosing(both(checked_frames(frames, refused), context)) as responses:
+                    async for response in responses:
+                        yield response
                 if refused:
                     await abort_with(context, refused[0])
 
@@ -90,13 +92,14 @@ class RejectingUndecodable(grpc.aio.ServerInterceptor):
                 stream_unary, request_deserializer=deserialize, response_serializer=serialize
             )
         if handler.response_streaming:
-            one_to_many = cast(Callable[[Any, Context], AsyncIterator[Any]], handler.unary_stream)
+            one_to_many = cast(Callable[[Any, Context], AsyncGenerator[Any, None]], handler.unary_stream)
 
             async def unary_stream(request: Any, context: Context) -> AsyncIterator[Any]:
                 if isinstance(request, Undecodable):
                     await abort_with(context, request.error)
-                async for response in one_to_many(request, context):
-                    yield response
+                async with contextlib.aclosing(one_to_many(request, context)) as responses:
+                    async for response in responses:
+                        yield response
 
             return grpc.unary_stream_rpc_method_handler(
                 unary_stream, request_deserializer=deserialize, response_serializer=serialize

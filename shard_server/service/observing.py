@@ -7,7 +7,8 @@ when they return or abort, streams when they end (cancelled ones as CANCELLED).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
 import grpc
@@ -15,7 +16,7 @@ import grpc
 from shard_server import metrics
 
 Context = grpc.aio.ServicerContext[Any, Any]
-StreamBehaviour = Callable[[Any, Context], AsyncIterator[Any]]
+StreamBehaviour = Callable[[Any, Context], AsyncGenerator[Any, None]]
 
 
 def _code_name(context: Context, *, failed: bool, cancelled: bool = False) -> str:
@@ -46,16 +47,17 @@ class ObservingInterceptor(grpc.aio.ServerInterceptor):
         if handler.response_streaming:
             streams = metrics.OPEN_STREAMS.labels(method)
             # grpc.aio runs coroutine and async-generator behaviours; its stubs type them as sync.
-            behaviour = cast(
-                Callable[[Any, Context], AsyncIterator[Any]], handler.unary_stream or handler.stream_stream
-            )
+            behaviour = cast(StreamBehaviour, handler.unary_stream or handler.stream_stream)
 
             async def streamed(request: Any, context: Context) -> AsyncIterator[Any]:
                 streams.inc()
                 failed = cancelled = False
                 try:
-                    async for response in behaviour(request, context):
-                        yield response
+                    # Closed at once when the call ends early, not whenever the
+                    # collector gets to it: handlers release resources in `finally`.
+                    async with contextlib.aclosing(behaviour(request, context)) as responses:
+                        async for response in responses:
+                            yield response
                 except BaseException as error:
                     failed = True
                     cancelled = isinstance(error, (GeneratorExit, asyncio.CancelledError))

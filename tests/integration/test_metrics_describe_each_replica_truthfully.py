@@ -154,7 +154,10 @@ def test_in_a_replicated_cluster_only_leaders_count_and_the_flag_follows_a_failo
         total = wait_for(sent, timeout=30, interval=0.5, what="the cluster to accept a send")
 
     def settled() -> dict[str, dict[tuple[str, frozenset[tuple[str, str]]], float]] | None:
-        scraped = scrape_all(cluster)
+        try:
+            scraped = scrape_all(cluster)
+        except urllib.error.URLError:  # a server still starting (its metrics port not bound yet)
+            return None
         leaders = leaders_by_shard(scraped)
         if sorted(leaders) != ["0", "1"] or any(len(holders) != 1 for holders in leaders.values()):
             return None

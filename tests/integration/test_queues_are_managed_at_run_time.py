@@ -157,3 +157,28 @@ def test_the_cli_manages_queues_and_shows_depth_and_settings(server: ServerProce
     refused = shardq("delete-queue", "orders", "--yes")
     assert refused.returncode == 1
     assert "defined by the server's --queue/--config" in refused.stderr
+
+
+def test_deleting_a_queue_ends_its_long_polls_with_queue_not_found(server: ServerProcess) -> None:
+    import threading
+
+    with Client(server.endpoint) as client:
+        client.create_queue("polled")
+        errors: list[BaseException] = []
+
+        def long_poll() -> None:
+            try:
+                with Client(server.endpoint) as poller:
+                    poller.receive_messages("polled", max_messages=1, wait_time_ms=20_000)
+            except BaseException as error:
+                errors.append(error)
+
+        polling = threading.Thread(target=long_poll)
+        polling.start()
+        time_to_start = 1.0
+        polling.join(timeout=time_to_start)
+        client.delete_queue("polled")
+        polling.join(timeout=30)
+    (error,) = errors
+    assert isinstance(error, QueueNotFound), repr(error)
+    assert server.alive()
