@@ -65,7 +65,9 @@ def create_shard_servers(
         name="server",
         image=image,
         image_pull_policy="Never",
-        command=[
+        # `args`, not `command`: the image's entrypoint (tini) stays PID 1 and reaps,
+        # and the server is its child, which a SIGKILL from inside the container can reach.
+        args=[
             "shardq",
             "serve",
             "--data-dir",
@@ -205,11 +207,12 @@ def delete_pod_and_wait_replaced(api: client.ApiClient, servers: ShardServers, o
     return new
 
 
-# Run inside the server's container: SIGKILL to the `shardq serve` process (tini, PID 1,
-# then exits with it and the kubelet restarts the container).
+# Run inside the server's container: SIGKILL to the `shardq serve` process, the child of
+# tini (PID 1), which then exits with it; the kubelet restarts the container.
 _KILL_SERVER = (
     "import os, signal\n"
-    "for pid in [p for p in os.listdir('/proc') if p.isdigit() and p != '1']:\n"
+    "mine = str(os.getpid())\n"
+    "for pid in [p for p in os.listdir('/proc') if p.isdigit() and p not in ('1', mine)]:\n"
     "    try:\n"
     "        command = open(f'/proc/{pid}/cmdline', 'rb').read()\n"
     "    except OSError:\n"
