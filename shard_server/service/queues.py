@@ -368,15 +368,26 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         acks: set[asyncio.Task[None]] = set()
 
         async def acknowledge(ack: queue_pb2.Acknowledge) -> None:
-            deleted = await queue.delete(list(ack.receipts)) if ack.receipts else []
-            if ack.release:
-                validate_release_reason("ack.release_reason", ack.release_reason)
-            released = await queue.release(list(ack.release), reason=ack.release_reason) if ack.release else []
-            result = queue_pb2.AckResult(
-                ack_id=ack.ack_id,
-                deleted=entry_results_to_proto(deleted),
-                released=entry_results_to_proto(released),
-            )
+            try:
+                if ack.release:
+                    validate_release_reason("ack.release_reason", ack.release_reason)
+                deleted = await queue.delete(list(ack.receipts)) if ack.receipts else []
+                released = await queue.release(list(ack.release), reason=ack.release_reason) if ack.release else []
+                result = queue_pb2.AckResult(
+                    ack_id=ack.ack_id,
+                    deleted=entry_results_to_proto(deleted),
+                    released=entry_results_to_proto(released),
+                )
+            except ShardqError as error:
+                # The whole acknowledgement failed (e.g. leadership lost before it was
+                # replicated: OUTCOME_UNKNOWN). Answer it anyway, per receipt: a client
+                # waiting for this ack_id would otherwise wait forever.
+                failed = queue_pb2.EntryResult(
+                    ok=False, error=queue_pb2.EntryError(reason=error.reason.value, message=error.message)
+                )
+                result = queue_pb2.AckResult(
+                    ack_id=ack.ack_id, deleted=[failed] * len(ack.receipts), released=[failed] * len(ack.release)
+                )
             outgoing.put_nowait(queue_pb2.ConsumeResponse(ack=result))
 
         async def read_requests() -> None:

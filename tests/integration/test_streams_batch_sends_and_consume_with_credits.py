@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from shardq import AsyncClient, Client, Message
+from shardq import AsyncClient, Client, EntryResult, Message
 from tests.integration.harness import ServerFactory, ServerProcess, stored_count, wait_for
 
 QUEUE = "stream"
@@ -95,3 +95,22 @@ def test_release_over_the_stream_redelivers_after_backoff(server_factory: Server
 def _in_flight(server: ServerProcess) -> int:
     with Client(server.endpoint) as client:
         return client.attributes(QUEUE).in_flight
+
+
+def test_an_acknowledgement_that_fails_whole_is_still_answered(server: ServerProcess) -> None:
+    """An ack the server cannot apply at all (here a release reason over the limit; in a
+    cluster, leadership lost mid-way) is answered per receipt, never left unanswered:
+    a consumer waiting for it used to stall for good."""
+
+    async def scenario() -> list[EntryResult]:
+        async with AsyncClient(server.endpoint) as client:
+            await client.send_messages("orders-dlq", [Message(b"to release")])
+            async with client.consume("orders-dlq", credits=1) as stream:
+                message = await anext(aiter(stream.messages()))
+                return await asyncio.wait_for(stream.release([message.receipt], reason="x" * 2_000), timeout=10)
+
+    (outcome,) = asyncio.run(scenario())
+    assert not outcome.ok
+    assert outcome.reason == "INVALID_ARGUMENT"
+    assert "at most 1024 characters" in outcome.message
+    assert server.alive()
