@@ -132,15 +132,24 @@ class ShardReport:
     follower_lag: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
-def _limits(config: QueueConfig) -> dict[str, float]:
-    return {
-        "max_depth": config.max_depth,
-        "max_message_bytes": config.max_message_bytes,
-        "visibility_timeout_seconds": config.visibility_timeout_ms / 1000,
-        "retention_seconds": config.retention_ms / 1000,
-        "max_receive_count": config.max_receive_count,
-        "shards": config.shards,
-    }
+# The queue's configured limits, each a gauge by queue: (metric name, help, value).
+def _limits(config: QueueConfig) -> list[tuple[str, str, float]]:
+    return [
+        ("shardq_queue_max_depth", "The queue's max depth (0: none).", config.max_depth),
+        ("shardq_queue_max_message_bytes", "The queue's largest message size.", config.max_message_bytes),
+        (
+            "shardq_queue_visibility_timeout_seconds",
+            "The queue's default visibility timeout.",
+            config.visibility_timeout_ms / 1000,
+        ),
+        ("shardq_queue_retention_seconds", "How long the queue keeps a message.", config.retention_ms / 1000),
+        (
+            "shardq_queue_max_receives",
+            "Receives before a message is dead-lettered (0: never).",
+            config.max_receive_count,
+        ),
+        ("shardq_queue_shards", "Shards the queue has.", config.shards),
+    ]
 
 
 class ShardCollector(Collector):
@@ -222,19 +231,13 @@ class ShardCollector(Collector):
             used,
             size,
         )
-        limit_families = {
-            name: gauge(
-                f"shardq_queue_{name}", f"The queue's configured {name.replace('_', ' ')} (0: none).", ("queue",)
-            )
-            for name in ("max_depth", "max_message_bytes", "visibility_timeout_seconds", "retention_seconds")
-        }
-        limit_families["max_receive_count"] = gauge(
-            "shardq_queue_max_receives", "Receives before a message is dead-lettered; 0: never.", ("queue",)
-        )
-        limit_families["shards"] = gauge("shardq_queue_shards", "Shards the queue has.", ("queue",))
+        limit_families: dict[str, GaugeMetricFamily] = {}
         for config in self._queues():
-            for name, value in _limits(config).items():
-                limit_families[name].add_metric([config.name], value)
+            for name, documentation, value in _limits(config):
+                family = limit_families.get(name)
+                if family is None:
+                    family = limit_families[name] = gauge(name, documentation, ("queue",))
+                family.add_metric([config.name], value)
         yield from limit_families.values()
 
 
