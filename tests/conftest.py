@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from shardq import Client
+from tests.integration.cluster_harness import SERVERS, Cluster
 from tests.integration.harness import DEFAULT_QUEUES, ServerFactory, ServerProcess, free_port
 
 
@@ -45,3 +46,15 @@ def server(server_factory: ServerFactory) -> ServerProcess:
 def client(server: ServerProcess) -> Iterator[Client]:
     with Client(server.endpoint) as client:
         yield client
+
+
+@pytest.fixture
+def cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
+    """Three replicated servers (s1..s3) over a local lease store, stopped after the test."""
+    cluster = Cluster(tmp_path)
+    try:
+        for server in SERVERS:
+            cluster.start(server)
+        yield cluster
+    finally:
+        cluster.stop_all()

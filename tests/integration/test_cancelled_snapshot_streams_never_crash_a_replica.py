@@ -8,8 +8,6 @@ run on followers too, while they apply the leader's log.
 from __future__ import annotations
 
 import asyncio
-import pathlib
-from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -23,17 +21,6 @@ MESSAGES = 3_000
 BODY = b"s" * 1_000
 CANCEL_AFTER_CHUNKS = (0, 1, 2)
 ROUNDS = 5
-
-
-@pytest.fixture
-def cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
-    cluster = Cluster(tmp_path)
-    try:
-        for server in SERVERS:
-            cluster.start(server)
-        yield cluster
-    finally:
-        cluster.stop_all()
 
 
 def fill(cluster: Cluster) -> int:

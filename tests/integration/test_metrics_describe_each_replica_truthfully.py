@@ -7,12 +7,10 @@ accepts the exposition."""
 from __future__ import annotations
 
 import asyncio
-import pathlib
 import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -115,17 +113,6 @@ def test_a_standalone_server_offers_no_replication_service(server_factory: Serve
         with pytest.raises(grpc.RpcError) as refused:
             stub.GetReplicaStatus(replication_pb2.GetReplicaStatusRequest(), timeout=5)
     assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
-
-
-@pytest.fixture
-def cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
-    cluster = Cluster(tmp_path)
-    try:
-        for server in SERVERS:
-            cluster.start(server)
-        yield cluster
-    finally:
-        cluster.stop_all()
 
 
 def scrape_all(cluster: Cluster) -> dict[str, dict[tuple[str, frozenset[tuple[str, str]]], float]]:

@@ -5,9 +5,7 @@ replication requests, like a non-peer's, are refused."""
 
 from __future__ import annotations
 
-import pathlib
 import time
-from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -16,19 +14,8 @@ from shard_server.leases.fencing import build_takeover, is_expired, isr_of
 from shard_server.leases.store import LeaseRecord
 from shardq import Client, Message, ShardqError
 from shardq.api.v1 import replication_pb2, replication_pb2_grpc
-from tests.integration.cluster_harness import LEASE_MS, SERVERS, Cluster
+from tests.integration.cluster_harness import LEASE_MS, Cluster
 from tests.integration.harness import wait_for
-
-
-@pytest.fixture
-def cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
-    cluster = Cluster(tmp_path)
-    try:
-        for server in SERVERS:
-            cluster.start(server)
-        yield cluster
-    finally:
-        cluster.stop_all()
 
 
 def send_until_accepted(client: Client, bodies: list[bytes], *, shard_hint: str) -> list[str]:
