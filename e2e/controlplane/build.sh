@@ -147,57 +147,37 @@ for path in staging:
   done
 }
 
-build_kubernetes() {
-  local version="${K8S_VERSION}"
-  local bindir="${cache}/k8s-${version}/bin"
-  local bins=(kube-apiserver kube-controller-manager kubectl)
+# build_k8s_set NAME WRAPPER COMMAND...: commands of k8s.io/kubernetes at K8S_VERSION,
+# built through the wrapper module WRAPPER/go.mod into ${cache}/NAME-VERSION/bin.
+# The control plane (k8s) and the real node (k8s-node) are two sets, so that
+# adding node binaries left the control plane's cached build valid.
+build_k8s_set() {
+  local name="$1" wrapper="$2"
+  shift 2
+  local bins=("$@") version="${K8S_VERSION}"
+  local bindir="${cache}/${name}-${version}/bin"
   local stamp
-  stamp="$(stamp_of k8s "${version}" "${here}/k8s/go.mod")"
+  stamp="$(stamp_of "${name}" "${version}" "${here}/${wrapper}/go.mod")"
   if is_complete "${bindir}" "${stamp}" "${bins[@]}"; then
-    log "kubernetes ${version}: up to date in ${bindir}"
+    log "${name} ${version}: up to date in ${bindir}"
     return
   fi
-  log "kubernetes ${version}: building ${bins[*]} (cold: about 5 minutes on 2 cores)"
-  prepare_k8s_module "${here}/k8s/go.mod" "${cache}/work/k8s-${version}"
+  log "${name} ${version}: building ${bins[*]} (cold: minutes on 2 cores)"
+  prepare_k8s_module "${here}/${wrapper}/go.mod" "${cache}/work/${name}-${version}"
   local tmp="${bindir}.tmp"
   rm -rf "${tmp}" && mkdir -p "${tmp}"
-  log "kubernetes ${version}: compiling (nice -n 10; this is the long step)"
-  gobuild -ldflags "${K8S_LDFLAGS}" -o "${tmp}/" \
-    k8s.io/kubernetes/cmd/kube-apiserver \
-    k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kubectl
-  expect_version "${tmp}/kube-apiserver" "Kubernetes ${version}" --version
-  expect_version "${tmp}/kube-controller-manager" "Kubernetes ${version}" --version
-  expect_version "${tmp}/kubectl" "${version}" version --client
+  log "${name} ${version}: compiling (nice -n 10; this is the long step)"
+  gobuild -ldflags "${K8S_LDFLAGS}" -o "${tmp}/" "${bins[@]/#/k8s.io/kubernetes/cmd/}"
+  local bin
+  for bin in "${bins[@]}"; do
+    if [[ "${bin}" == kubectl ]]; then
+      expect_version "${tmp}/kubectl" "${version}" version --client
+    else
+      expect_version "${tmp}/${bin}" "Kubernetes ${version}" --version
+    fi
+  done
   install_bindir "${tmp}" "${bindir}" "${stamp}"
-  log "kubernetes ${version}: installed into ${bindir}"
-}
-
-# The real node's Kubernetes binaries, same release, their own bin dir (so the
-# control plane's cached build stays valid).
-build_node() {
-  local version="${K8S_VERSION}"
-  local bindir="${cache}/k8s-node-${version}/bin"
-  local bins=(kubelet kube-scheduler kube-proxy)
-  local stamp
-  stamp="$(stamp_of k8s-node "${version}" "${here}/node/go.mod")"
-  if is_complete "${bindir}" "${stamp}" "${bins[@]}"; then
-    log "node ${version}: up to date in ${bindir}"
-    return
-  fi
-  log "node ${version}: building ${bins[*]} (about 2 minutes once the control plane is built)"
-  prepare_k8s_module "${here}/node/go.mod" "${cache}/work/k8s-node-${version}"
-  local tmp="${bindir}.tmp"
-  rm -rf "${tmp}" && mkdir -p "${tmp}"
-  gobuild -ldflags "${K8S_LDFLAGS}" -o "${tmp}/" \
-    k8s.io/kubernetes/cmd/kubelet \
-    k8s.io/kubernetes/cmd/kube-scheduler \
-    k8s.io/kubernetes/cmd/kube-proxy
-  expect_version "${tmp}/kubelet" "Kubernetes ${version}" --version
-  expect_version "${tmp}/kube-scheduler" "Kubernetes ${version}" --version
-  expect_version "${tmp}/kube-proxy" "Kubernetes ${version}" --version
-  install_bindir "${tmp}" "${bindir}" "${stamp}"
-  log "node ${version}: installed into ${bindir}"
+  log "${name} ${version}: installed into ${bindir}"
 }
 
 build_coredns() {
@@ -321,9 +301,9 @@ started=${SECONDS}
 build_etcd
 build_helm
 extract_promtool
-build_kubernetes
+build_k8s_set k8s k8s kube-apiserver kube-controller-manager kubectl
 if [[ "${SHARDQ_SKIP_NODE:-}" != 1 ]]; then
-  build_node
+  build_k8s_set k8s-node node kubelet kube-scheduler kube-proxy
   build_coredns
 fi
 log "all binaries ready in ${cache} ($((SECONDS - started))s)"
