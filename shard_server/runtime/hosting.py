@@ -405,9 +405,13 @@ class HostedQueue:
         )
         duplicates = sum(1 for outcome in outcomes if outcome.duplicate)
         shard.sent.inc(len(outcomes) - duplicates)
-        shard.bytes_in.inc(
-            sum(len(message.body) for message, outcome in zip(batch, outcomes, strict=True) if not outcome.duplicate)
-        )
+        # Bytes stored: one pass over the bodies; the rare duplicates' are taken off after.
+        stored_bytes = sum(map(len, (message.body for message in batch)))
+        if duplicates:
+            stored_bytes -= sum(
+                len(message.body) for message, outcome in zip(batch, outcomes, strict=True) if outcome.duplicate
+            )
+        shard.bytes_in.inc(stored_bytes)
         if duplicates:
             shard.duplicates.inc(duplicates)
         return outcomes
