@@ -43,6 +43,8 @@ DEBIAN_PACKAGES = ("python3", "python3-pip", "tini")
 # What pip installs into it: shardq with the server's dependencies.
 PIP_REQUIREMENT = "shardq[server]"
 PAUSE_IMAGE = "localhost/pause:shardq"
+# Where the wheels sit inside the image's root while pip installs them (removed after).
+WHEELS_IN_IMAGE = "/tmp/wheels"
 SHARDQ_REPOSITORY = "localhost/shardq"
 
 
@@ -250,7 +252,7 @@ def build_shardq_image() -> Image:
         log(f"{name}: installing {len(wheels)} wheels into a copy of {base.name}")
         subprocess.run(["cp", "-a", str(base), str(rootfs)], check=True)
         (rootfs / ".complete").unlink()
-        inside = rootfs / "tmp" / "wheels"
+        inside = rootfs / WHEELS_IN_IMAGE.lstrip("/")
         shutil.copytree(wheels[0].parent, inside)
         (shardq_wheel,) = inside.glob("shardq-*.whl")
         extras = PIP_REQUIREMENT[PIP_REQUIREMENT.index("[") :]
@@ -267,8 +269,8 @@ def build_shardq_image() -> Image:
                 "--break-system-packages",
                 "--no-index",
                 "--find-links",
-                "/tmp/wheels",
-                f"/tmp/wheels/{shardq_wheel.name}{extras}",
+                WHEELS_IN_IMAGE,
+                f"{WHEELS_IN_IMAGE}/{shardq_wheel.name}{extras}",
             ],
             check=True,
             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root"},
