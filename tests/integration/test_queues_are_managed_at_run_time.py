@@ -5,6 +5,7 @@ defined elsewhere, and `peek` looks without claiming."""
 from __future__ import annotations
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -14,7 +15,7 @@ import pytest
 from shardq import Client, Message
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.errors import InvalidArgument, QueueExists, QueueInUse, QueueManagedElsewhere, QueueNotFound
-from tests.integration.harness import ServerFactory, ServerProcess, stored_count
+from tests.integration.harness import ServerFactory, ServerProcess, free_port, stored_count
 
 
 def test_a_created_queue_survives_a_restart_with_its_messages_and_settings(server_factory: ServerFactory) -> None:
@@ -98,13 +99,25 @@ def test_set_attributes_changes_what_the_next_receive_does_and_refuses_fixed_set
         assert client.queue_settings("tunable")["visibility_timeout_ms"] == 7 * 60_000
 
 
-def test_a_server_whose_queues_are_defined_elsewhere_refuses_and_names_the_place(
-    server_factory: ServerFactory,
-) -> None:
-    server = server_factory("orders")
-    server.stop()
-    server.extra_args = ("--queues-managed-by", "the Queue resources of namespace shop")
+def test_a_server_whose_queues_are_defined_elsewhere_refuses_and_names_the_place(tmp_path: pathlib.Path) -> None:
+    # Started with the flag from the first (a stop and start on the same ports could
+    # race another process for a port freed in between).
+    server = ServerProcess(
+        data_dir=tmp_path / "data",
+        queues=("orders",),
+        port=free_port(),
+        metrics_port=free_port(),
+        log_path=tmp_path / "server.log",
+        extra_args=("--queues-managed-by", "the Queue resources of namespace shop"),
+    )
     server.start()
+    try:
+        refuse_every_change(server)
+    finally:
+        server.cleanup()
+
+
+def refuse_every_change(server: ServerProcess) -> None:
     with Client(server.endpoint) as client:
         for change in (
             lambda: client.create_queue("new"),
