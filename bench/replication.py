@@ -44,7 +44,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -54,16 +53,24 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import dataplane  # bench/dataplane.py: this script's directory is sys.path[0]
+
+# The benchmarks share the tests' support package (one free-port probe, one way to
+# seed a cluster); run as `python bench/replication.py`, the repository is not on the path.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import grpc
 
-from shard_server.leases.fencing import build_isr_change, build_takeover, is_expired, isr_of
-from shard_server.leases.store import ISR_ANNOTATION, LeaseConflict, LeaseRecord
-from shard_server.local.takeovers import Takeover, TakeoverReason, isr_after_takeover
-from shard_server.storage.lease_store import LocalLeaseStore
 from shardq.aio import CHANNEL_OPTIONS, AsyncClient
 from shardq.api.v1 import replication_pb2, replication_pb2_grpc
+from shardq.coordination.cluster_map import CLUSTER_FILE, QueueEntry, lease_name
+from shardq.coordination.fencing import build_isr_change, build_takeover, is_expired, isr_of
+from shardq.coordination.leases import LeaseConflict, LeaseRecord
+from shardq.coordination.local_leases import LocalLeaseStore
+from shardq.coordination.placement import ShardId
+from shardq.coordination.takeovers import Takeover, TakeoverReason, isr_after_takeover
 from shardq.errors import ShardqError
 from shardq.types import Message
+from tests.support.clusters import seed_cluster
+from tests.support.ports import free_port
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 LISTENING = re.compile(rb"shardq: listening on (\S+):(\d+)")
@@ -95,12 +102,6 @@ def log(text: str) -> None:
 
 def wall_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def directory_bytes(path: pathlib.Path) -> int:
@@ -171,35 +172,21 @@ class Cluster:
         self.placement = placement
         root.mkdir(parents=True, exist_ok=True)
         self.servers = {s: ServerProcess(s, free_port(), root / s, root / f"{s}.log") for s in servers}
-        self.cluster_file = root / "cluster.json"
-        self.cluster_file.write_text(
-            json.dumps(
-                {
-                    "servers": {s: {"address": p.address} for s, p in self.servers.items()},
-                    "queues": [{"name": queue, "spec": spec}],
-                    "placement": {queue: placement},
-                    "lease_duration_ms": lease_ms,
-                }
-            )
-        )
+        self.cluster_file = root / CLUSTER_FILE
         self.lease_path = root / "leases.lmdb"
         self.leases = LocalLeaseStore(self.lease_path)
-        now = wall_ms()
-        for shard, replicas in enumerate(placement):
-            self.leases.create(
-                LeaseRecord(
-                    name=self.lease_name(shard),
-                    holder=replicas[0],
-                    acquire_time_ms=now,
-                    renew_time_ms=now,
-                    duration_ms=lease_ms,
-                    transitions=1,
-                    annotations={ISR_ANNOTATION: ",".join(sorted(replicas))},
-                )
-            )
+        seed_cluster(
+            self.cluster_file,
+            self.leases,
+            servers={s: p.address for s, p in self.servers.items()},
+            queue=QueueEntry(queue, spec),
+            placement=placement,
+            lease_duration_ms=lease_ms,
+            now_ms=wall_ms(),
+        )
 
     def lease_name(self, shard: int) -> str:
-        return f"{self.queue}.{shard}"
+        return lease_name(ShardId(self.queue, shard))
 
     def lease(self, shard: int = 0) -> LeaseRecord:
         record = self.leases.get(self.lease_name(shard))

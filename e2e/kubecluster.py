@@ -14,7 +14,6 @@ import ctypes
 import json
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import urllib.error
@@ -28,6 +27,7 @@ from kubernetes import client
 from e2e.binaries import Binaries
 from e2e.certificates import KeyPair, NodeIdentity, Pki, build_pki
 from e2e.polling import wait_for
+from tests.support.ports import free_port
 
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"  # what k8s' test/integration/framework uses
 KUBERNETES_SERVICE_IP = "10.0.0.1"  # the first address of that range
@@ -61,13 +61,6 @@ def _die_with_parent() -> None:
     # Runs in the child between fork and exec: if pytest itself is killed, the kernel
     # kills the control plane too instead of leaving servers behind.
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass

@@ -44,8 +44,9 @@ from kubernetes.client.exceptions import ApiException
 from e2e.binaries import cache_root, locate_binaries, read_versions
 from e2e.certificates import NodeIdentity
 from e2e.images import Image, build_pause_image, build_shardq_image
-from e2e.kubecluster import ClusterNetwork, ControlPlane, free_port, start_control_plane, write_kubeconfig
+from e2e.kubecluster import ClusterNetwork, ControlPlane, start_control_plane, write_kubeconfig
 from e2e.polling import wait_for
+from tests.support.ports import free_port
 
 NODE = NodeIdentity(name="shardq-node", ip="198.51.100.2")
 POD_CIDR = "198.18.0.0/24"

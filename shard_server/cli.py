@@ -8,9 +8,9 @@ import pathlib
 import click
 import yaml
 
-from shard_server.cluster import load_cluster_file
 from shard_server.logs import configure_logging
 from shard_server.server import ServerSettings, serve
+from shardq.coordination.cluster_map import read_cluster_map
 from shardq.queues import QueueConfig, parse_queue_option, queue_config_from_spec
 
 
@@ -81,8 +81,8 @@ def serve_command(
         if config_file is not None:
             configs += load_queue_file(config_file)
         if cluster_file is not None:
-            cluster = load_cluster_file(cluster_file)
-            configs += cluster.queues
+            cluster = read_cluster_map(cluster_file)
+            configs += cluster.queue_configs()
         size = _parse_size(map_size)
     except ValueError as error:
         raise click.ClickException(str(error)) from None

@@ -27,9 +27,9 @@ import time
 
 import click
 
-from shard_server.storage.lease_store import LocalLeaseStore
 from shardq.aio import AsyncClient
 from shardq.consumer import ConsumerStats, run_consumer
+from shardq.coordination.local_leases import LocalLeaseStore
 from shardq.durations import parse_duration_ms
 from shardq.errors import ShardqError
 from shardq.types import ReceivedMessage

@@ -18,7 +18,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from shard_server import metrics
-from shard_server.cluster import ClusterFile
 from shard_server.runtime.committing import wall_clock_ms
 from shard_server.runtime.forwarding import Router
 from shard_server.runtime.hosting import QueueHost
@@ -29,7 +28,6 @@ from shard_server.service.exporting import ExportServicer
 from shard_server.service.observing import ObservingInterceptor
 from shard_server.service.queues import QueueServicer
 from shard_server.service.replication import ReplicationServicer
-from shard_server.storage.lease_store import LocalLeaseStore
 from shard_server.storage.lmdb_store import DEFAULT_MAP_SIZE
 from shard_server.storage.queue_catalog import QueueCatalog
 from shardq.api.v1 import (
@@ -40,6 +38,8 @@ from shardq.api.v1 import (
     replication_pb2,
     replication_pb2_grpc,
 )
+from shardq.coordination.cluster_map import ClusterMap
+from shardq.coordination.local_leases import LocalLeaseStore
 from shardq.queues import QueueConfig
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class ServerSettings:
     # Threads running write transactions, shared by all shards (see WriterThreads).
     writer_threads: int = 1
     # Cluster mode: this server's id in the cluster file, and the lease store.
-    cluster: ClusterFile | None = None
+    cluster: ClusterMap | None = None
     server_id: str = ""
     lease_store: pathlib.Path | None = None
     # Where the queues are defined when the server must not change them itself (a

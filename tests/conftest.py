@@ -8,8 +8,9 @@ from collections.abc import Iterator
 import pytest
 
 from shardq import Client
-from tests.integration.cluster_harness import SERVERS, Cluster
-from tests.integration.harness import DEFAULT_QUEUES, ServerFactory, ServerProcess, free_port
+from tests.support.clusters import SERVERS, Cluster
+from tests.support.ports import free_port
+from tests.support.servers import DEFAULT_QUEUES, ServerFactory, ServerProcess
 
 
 @pytest.fixture

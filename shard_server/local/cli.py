@@ -13,10 +13,8 @@ from types import FrameType
 import click
 
 from shard_server.local.cluster_files import (
-    CLUSTER_FILE,
     LEASE_STORE_FILE,
     METRICS_PORT_OFFSET,
-    ClusterFile,
     build_cluster_file,
     parse_queue_argument,
     read_cluster_file,
@@ -28,7 +26,8 @@ from shard_server.local.observing import fetch_all_replica_status
 from shard_server.local.processes import is_cluster_server, process_is_alive, server_log_path, wall_clock_ms
 from shard_server.local.statuses import build_cluster_status, cluster_status_to_json, format_cluster_status
 from shard_server.local.supervising import Supervisor, SupervisorSettings, read_shard_leases
-from shard_server.storage.lease_store import LocalLeaseStore
+from shardq.coordination.cluster_map import CLUSTER_FILE, ClusterMap
+from shardq.coordination.local_leases import LocalLeaseStore
 from shardq.durations import parse_duration_ms
 
 DATA_DIR = click.Path(file_okay=False, path_type=pathlib.Path)
@@ -138,7 +137,7 @@ def _load_or_create_cluster(
     base_port: int,
     metrics_base_port: int,
     lease_duration_ms: int,
-) -> ClusterFile:
+) -> ClusterMap:
     log = logging.getLogger("shard_server.local")
     if (data_dir / CLUSTER_FILE).exists():
         cluster = read_cluster_file(data_dir)

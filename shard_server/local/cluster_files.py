@@ -1,8 +1,8 @@
-"""The files a local cluster keeps in its data directory: the cluster file and the supervisor record.
+"""The files a local cluster keeps in its data directory: the cluster map and the supervisor record.
 
-`cluster.json` is the contract with the servers (which servers exist, which queues, where
-each shard's replicas live, how long a lease lasts); it is written once and reused, so a
-restarted cluster keeps its placement and therefore its data. `supervisor.json` tells
+`cluster.json` is the cluster map (`shardq.coordination.cluster_map`, the one model every
+server reads); a local cluster's servers listen on consecutive loopback ports. The map is
+written once and reused, so a restarted cluster keeps its placement and therefore its data. `supervisor.json` tells
 `shardq local status` which processes the running supervisor started.
 """
 
@@ -15,64 +15,21 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shardq.planning import ServerState, ShardId, choose_initial_placement
-from shardq.queues import QueueConfig, queue_config_from_spec
+from shardq.coordination.cluster_map import (
+    CLUSTER_FILE,
+    ClusterMap,
+    QueueEntry,
+    ServerEntry,
+    place_queues,
+    read_cluster_map,
+    write_cluster_map,
+)
 
-CLUSTER_FILE = "cluster.json"
 SUPERVISOR_FILE = "supervisor.json"
 LEASE_STORE_FILE = "leases.lmdb"
 LOOPBACK = "127.0.0.1"
 # Metrics ports sit this far above gRPC ports (7601 → 9601), so both ranges are easy to read.
 METRICS_PORT_OFFSET = 2000
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class QueueEntry:
-    """A queue as the user specified it: the spec is kept verbatim so servers parse the same text."""
-
-    name: str
-    spec: dict[str, Any]
-
-    @property
-    def config(self) -> QueueConfig:
-        return queue_config_from_spec(self.name, self.spec)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ServerEntry:
-    server_id: str
-    address: str
-    metrics_address: str
-
-    @property
-    def port(self) -> int:
-        return int(self.address.rpartition(":")[2])
-
-    @property
-    def metrics_port(self) -> int:
-        return int(self.metrics_address.rpartition(":")[2])
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ClusterFile:
-    servers: dict[str, ServerEntry]
-    queues: list[QueueEntry]
-    # queue -> per shard, the replica server ids; the first is the shard's initial leader.
-    placement: dict[str, list[list[str]]]
-    lease_duration_ms: int
-
-    def shards(self) -> list[ShardId]:
-        return [
-            ShardId(queue, index) for queue, shards in sorted(self.placement.items()) for index in range(len(shards))
-        ]
-
-    def replicas_of(self, shard: ShardId) -> tuple[str, ...]:
-        return tuple(self.placement[shard.queue][shard.index])
-
-
-def lease_name(shard: ShardId) -> str:
-    """The lease of a shard, as servers look it up: `orders.0`."""
-    return f"{shard.queue}.{shard.index}"
 
 
 def parse_queue_argument(text: str) -> QueueEntry:
@@ -91,7 +48,7 @@ def parse_queue_argument(text: str) -> QueueEntry:
 
 def build_cluster_file(
     *, queues: Sequence[QueueEntry], server_count: int, base_port: int, metrics_base_port: int, lease_duration_ms: int
-) -> ClusterFile:
+) -> ClusterMap:
     """Servers s1..sN on consecutive loopback ports, and every queue's replicas placed across them."""
     if server_count < 1:
         raise ValueError(f"a cluster needs at least one server, got {server_count}")
@@ -108,71 +65,16 @@ def build_cluster_file(
         )
         for number in range(1, server_count + 1)
     }
-    placement: dict[str, list[list[str]]] = {}
-    for queue in queues:
-        config = queue.config
-        try:
-            chosen = choose_initial_placement(
-                shards=[ShardId(queue.name, index) for index in range(config.shards)],
-                replicas=config.replicas,
-                servers=[ServerState(name) for name in servers],
-            )
-        except ValueError as error:
-            raise ValueError(f"queue {queue.name!r}: {error}") from None
-        placement[queue.name] = [list(chosen[ShardId(queue.name, index)].replicas) for index in range(config.shards)]
-    return ClusterFile(servers=servers, queues=list(queues), placement=placement, lease_duration_ms=lease_duration_ms)
+    placement = place_queues(queues, list(servers))
+    return ClusterMap(servers=servers, queues=list(queues), placement=placement, lease_duration_ms=lease_duration_ms)
 
 
-def cluster_file_to_json(cluster: ClusterFile) -> dict[str, Any]:
-    return {
-        "servers": {
-            entry.server_id: {"address": entry.address, "metrics_address": entry.metrics_address}
-            for entry in cluster.servers.values()
-        },
-        "queues": [{"name": queue.name, "spec": queue.spec} for queue in cluster.queues],
-        "placement": cluster.placement,
-        "lease_duration_ms": cluster.lease_duration_ms,
-    }
+def read_cluster_file(data_dir: pathlib.Path) -> ClusterMap:
+    return read_cluster_map(data_dir / CLUSTER_FILE)
 
 
-def cluster_file_from_json(data: Mapping[str, Any]) -> ClusterFile:
-    """Parse and check a cluster file; raises ValueError naming what is wrong."""
-    try:
-        servers = {
-            str(server_id): ServerEntry(
-                server_id=str(server_id), address=str(entry["address"]), metrics_address=str(entry["metrics_address"])
-            )
-            for server_id, entry in data["servers"].items()
-        }
-        queues = [QueueEntry(name=str(queue["name"]), spec=dict(queue.get("spec", {}))) for queue in data["queues"]]
-        placement = {
-            str(queue): [[str(server) for server in replicas] for replicas in shards]
-            for queue, shards in data["placement"].items()
-        }
-        lease_duration_ms = int(data["lease_duration_ms"])
-    except (KeyError, TypeError, AttributeError) as error:
-        raise ValueError(f"not a valid cluster file: {error!r}") from None
-    for queue in queues:
-        config = queue.config
-        shards = placement.get(queue.name)
-        if shards is None or len(shards) != config.shards:
-            raise ValueError(f"queue {queue.name!r} needs a placement for each of its {config.shards} shards")
-        for index, replicas in enumerate(shards):
-            if not replicas or len(set(replicas)) != len(replicas) or not set(replicas) <= servers.keys():
-                raise ValueError(f"{queue.name} shard {index}: replicas {replicas} must be distinct known servers")
-    return ClusterFile(servers=servers, queues=queues, placement=placement, lease_duration_ms=lease_duration_ms)
-
-
-def read_cluster_file(data_dir: pathlib.Path) -> ClusterFile:
-    path = data_dir / CLUSTER_FILE
-    try:
-        return cluster_file_from_json(json.loads(path.read_text()))
-    except ValueError as error:
-        raise ValueError(f"{path}: {error}") from None
-
-
-def write_cluster_file(data_dir: pathlib.Path, cluster: ClusterFile) -> pathlib.Path:
-    return write_json_atomically(data_dir / CLUSTER_FILE, cluster_file_to_json(cluster))
+def write_cluster_file(data_dir: pathlib.Path, cluster: ClusterMap) -> pathlib.Path:
+    return write_cluster_map(data_dir / CLUSTER_FILE, cluster)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

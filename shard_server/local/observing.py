@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import grpc
 
 from shardq.api.v1 import replication_pb2, replication_pb2_grpc
-from shardq.planning import ShardId
+from shardq.coordination.placement import ShardId
 
 STATUS_TIMEOUT_S = 1.0
 

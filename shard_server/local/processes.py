@@ -17,7 +17,8 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from shard_server.local.cluster_files import CLUSTER_FILE, LEASE_STORE_FILE, ServerEntry
+from shard_server.local.cluster_files import LEASE_STORE_FILE
+from shardq.coordination.cluster_map import CLUSTER_FILE, ServerEntry
 
 READY_LINE = "shardq: listening on"
 FIRST_RESTART_DELAY_S = 0.5

@@ -10,10 +10,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from shard_server.leases.fencing import is_expired, isr_of
-from shard_server.leases.store import LeaseRecord
-from shard_server.local.cluster_files import ClusterFile, SupervisorRecord, lease_name
+from shard_server.local.cluster_files import SupervisorRecord
 from shard_server.local.observing import ServerReport
+from shardq.coordination.cluster_map import ClusterMap, lease_name
+from shardq.coordination.fencing import is_expired, isr_of
+from shardq.coordination.leases import LeaseRecord
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,7 +54,7 @@ class ClusterStatus:
 
 def build_cluster_status(
     *,
-    cluster: ClusterFile,
+    cluster: ClusterMap,
     record: SupervisorRecord | None,
     supervisor_alive: bool,
     alive_pids: frozenset[int],

@@ -16,13 +16,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from shard_server.leases.fencing import build_isr_change, build_takeover, isr_of
-from shard_server.leases.store import LeaseConflict, LeaseRecord, LeaseStore
 from shard_server.local.cluster_files import (
-    ClusterFile,
     SupervisedServer,
     SupervisorRecord,
-    lease_name,
     remove_supervisor_record,
     write_supervisor_record,
 )
@@ -34,7 +30,10 @@ from shard_server.local.processes import (
     stop_servers,
     wall_clock_ms,
 )
-from shard_server.local.takeovers import (
+from shardq.coordination.cluster_map import ClusterMap, lease_name
+from shardq.coordination.fencing import build_isr_change, build_takeover, isr_of
+from shardq.coordination.leases import LeaseConflict, LeaseRecord, LeaseStore
+from shardq.coordination.takeovers import (
     ServerObservation,
     Takeover,
     TakeoverReason,
@@ -60,7 +59,7 @@ class SupervisorSettings:
     stop_deadline_s: float = STOP_DEADLINE_S
 
 
-def ensure_shard_leases(store: LeaseStore, cluster: ClusterFile, *, now_ms: int) -> list[LeaseRecord]:
+def ensure_shard_leases(store: LeaseStore, cluster: ClusterMap, *, now_ms: int) -> list[LeaseRecord]:
     """Create the lease of every shard that has none; returns the leases created.
 
     Existing leases are kept as they are: they carry the epochs already handed out, and a
@@ -81,13 +80,13 @@ def ensure_shard_leases(store: LeaseStore, cluster: ClusterFile, *, now_ms: int)
     return created
 
 
-def read_shard_leases(store: LeaseStore, cluster: ClusterFile) -> dict[str, LeaseRecord]:
+def read_shard_leases(store: LeaseStore, cluster: ClusterMap) -> dict[str, LeaseRecord]:
     wanted = {lease_name(shard) for shard in cluster.shards()}
     return {lease.name: lease for lease in store.list("") if lease.name in wanted}
 
 
 class Supervisor:
-    def __init__(self, *, settings: SupervisorSettings, cluster: ClusterFile, store: LeaseStore) -> None:
+    def __init__(self, *, settings: SupervisorSettings, cluster: ClusterMap, store: LeaseStore) -> None:
         self.settings = settings
         self.cluster = cluster
         self.store = store

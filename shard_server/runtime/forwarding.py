@@ -12,9 +12,10 @@ import logging
 
 import grpc
 
-from shard_server.cluster import ClusterFile, lease_name
-from shard_server.leases.store import LeaseStore
 from shardq.api.v1 import queue_pb2_grpc
+from shardq.coordination.cluster_map import ClusterMap, lease_name
+from shardq.coordination.leases import LeaseStore
+from shardq.coordination.placement import ShardId
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ PEER_CHANNEL_OPTIONS = [
 
 
 class Router:
-    def __init__(self, cluster: ClusterFile, leases: LeaseStore, *, server_id: str) -> None:
+    def __init__(self, cluster: ClusterMap, leases: LeaseStore, *, server_id: str) -> None:
         self.cluster = cluster
         self.server_id = server_id
         self._leases = leases
@@ -46,13 +47,13 @@ class Router:
         return self.routes.get((queue, shard), ("", 0))
 
     def address_of(self, server_id: str) -> str:
-        return self.cluster.servers.get(server_id, "")
+        return self.cluster.address_of(server_id)
 
     def stub_for(self, server_id: str) -> queue_pb2_grpc.QueueServiceAsyncStub:
         stub = self._stubs.get(server_id)
         if stub is None:
             channel = grpc.aio.insecure_channel(
-                self.cluster.servers[server_id],
+                self.cluster.servers[server_id].address,
                 options=PEER_CHANNEL_OPTIONS,
             )
             self._channels.append(channel)
@@ -61,9 +62,9 @@ class Router:
 
     def refresh(self) -> None:
         routes = {}
-        for config in self.cluster.queues:
+        for config in self.cluster.queue_configs():
             for shard in range(config.shards):
-                lease = self._leases.get(lease_name(config.name, shard))
+                lease = self._leases.get(lease_name(ShardId(config.name, shard)))
                 if lease is not None and lease.holder:
                     routes[(config.name, shard)] = (lease.holder, lease.transitions)
         self.routes = routes

@@ -23,7 +23,6 @@ import grpc
 from prometheus_client import Counter
 
 from shard_server import metrics
-from shard_server.cluster import ClusterFile
 from shard_server.domain import acknowledging, housekeeping, receiving, sending
 from shard_server.domain.context import ShardContext
 from shard_server.domain.messages import Delivery, MessageRecord, NewMessage, format_message_id
@@ -40,6 +39,7 @@ from shard_server.storage.lmdb_store import (
     ShardStats,
 )
 from shardq.api.v1 import queue_pb2
+from shardq.coordination.cluster_map import ClusterMap
 from shardq.errors import InvalidArgument, NotLeader, QueueNotFound, Reason, ShardqError
 from shardq.queues import QueueConfig, check_queue_name
 from shardq.receipts import MalformedReceipt, Receipt, decode_receipt, encode_receipt
@@ -862,7 +862,7 @@ class QueueHost:
         *,
         map_size: int = DEFAULT_MAP_SIZE,
         writer_threads: int = 1,
-        cluster: ClusterFile | None = None,
+        cluster: ClusterMap | None = None,
         server_id: str = "",
         router: Router | None = None,
     ) -> None:
@@ -881,7 +881,7 @@ class QueueHost:
                 raise ValueError(f"queue {config.name!r} is configured twice")
             local = None
             if cluster is not None:
-                local = [i for i, replicas in enumerate(cluster.placement[config.name]) if server_id in replicas]
+                local = cluster.shards_on(server_id, config.name)
             self.queues[config.name] = HostedQueue(
                 config,
                 data_dir / "queues" / config.name,

@@ -30,8 +30,12 @@ import grpc
 from prometheus_client import Counter
 
 from shard_server import metrics
-from shard_server.cluster import ClusterFile, lease_name
-from shard_server.leases.fencing import (
+from shard_server.runtime.forwarding import PEER_CHANNEL_OPTIONS
+from shard_server.storage import replica_log
+from shard_server.storage.lmdb_store import ShardEnvironment
+from shardq.api.v1 import replication_pb2, replication_pb2_grpc
+from shardq.coordination.cluster_map import ClusterMap, lease_name
+from shardq.coordination.fencing import (
     build_abdication,
     build_incarnations,
     build_isr_change,
@@ -40,11 +44,8 @@ from shard_server.leases.fencing import (
     isr_of,
     safe_serving_deadline_ms,
 )
-from shard_server.leases.store import LeaseConflict, LeaseRecord, LeaseStore
-from shard_server.runtime.forwarding import PEER_CHANNEL_OPTIONS
-from shard_server.storage import replica_log
-from shard_server.storage.lmdb_store import ShardEnvironment
-from shardq.api.v1 import replication_pb2, replication_pb2_grpc
+from shardq.coordination.leases import LeaseConflict, LeaseRecord, LeaseStore
+from shardq.coordination.placement import ShardId
 from shardq.errors import NotLeader, OutcomeUnknown
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ def wall_ms() -> int:
 class PeerChannels:
     """One gRPC channel per peer server, shared by every replica of this server."""
 
-    def __init__(self, cluster: ClusterFile) -> None:
+    def __init__(self, cluster: ClusterMap) -> None:
         self._cluster = cluster
         self._stubs: dict[str, replication_pb2_grpc.ReplicationServiceAsyncStub] = {}
         self._channels: list[grpc.aio.Channel] = []
@@ -88,7 +89,7 @@ class PeerChannels:
     def stub(self, server_id: str) -> replication_pb2_grpc.ReplicationServiceAsyncStub:
         stub = self._stubs.get(server_id)
         if stub is None:
-            channel = grpc.aio.insecure_channel(self._cluster.servers[server_id], options=PEER_CHANNEL_OPTIONS)
+            channel = grpc.aio.insecure_channel(self._cluster.servers[server_id].address, options=PEER_CHANNEL_OPTIONS)
             self._channels.append(channel)
             stub = self._stubs[server_id] = replication_pb2_grpc.ReplicationServiceStub(channel)
         return stub
@@ -106,7 +107,7 @@ class ShardReplica:
         shard: HostedShard,
         *,
         server_id: str,
-        cluster: ClusterFile,
+        cluster: ClusterMap,
         leases: LeaseStore,
         peers: PeerChannels,
         reopen: Callable[[], ShardEnvironment],
@@ -116,8 +117,9 @@ class ShardReplica:
         self.cluster = cluster
         self.leases = leases
         self.peers = peers
-        self.name = lease_name(shard.queue.config.name, shard.index)
-        self.replicas = cluster.replicas_of(shard.queue.config.name, shard.index)
+        shard_id = ShardId(shard.queue.config.name, shard.index)
+        self.name = lease_name(shard_id)
+        self.replicas = list(cluster.replicas_of(shard_id))
         self.followers = [r for r in self.replicas if r != server_id]
         self.role = Role.FOLLOWER
         self.leader_id = ""
@@ -147,7 +149,7 @@ class ShardReplica:
         return self.role is Role.LEADER and monotonic_ms() < self._serving_until_ms
 
     def leader_address(self) -> str:
-        return self.cluster.servers.get(self.leader_id, "")
+        return self.cluster.address_of(self.leader_id)
 
     def follower_lag(self) -> dict[str, int]:
         """Log entries each follower is behind this leader's last written entry."""

@@ -18,10 +18,10 @@ import pytest
 from kubernetes import client
 
 from e2e.kubecluster import ControlPlane
-from shard_server.leases.fencing import build_isr_change, build_renewal, build_takeover, isr_of
-from shard_server.leases.kubernetes import KubernetesLeaseStore
-from shard_server.leases.store import ISR_ANNOTATION, LeaseConflict, LeaseRecord, LeaseStore
-from shard_server.storage.lease_store import LocalLeaseStore
+from shardq.coordination.fencing import build_isr_change, build_renewal, build_takeover, isr_of
+from shardq.coordination.kubernetes_leases import KubernetesLeaseStore
+from shardq.coordination.leases import ISR_ANNOTATION, LeaseConflict, LeaseRecord, LeaseStore
+from shardq.coordination.local_leases import LocalLeaseStore
 
 # Wall-clock milliseconds with a sub-second part, so a store that kept only seconds fails.
 T0 = 1_763_771_298_123

@@ -13,10 +13,8 @@ import dataclasses
 import json
 import os
 import pathlib
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,33 +23,14 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from shard_server.local.processes import is_cluster_server, process_is_alive
-from tests.integration.harness import wait_for
+from tests.support.ports import free_port_block
+from tests.support.servers import wait_for
 
 T = TypeVar("T")
 
 START_DEADLINE_S = 60.0
 STOP_DEADLINE_S = 30.0
 STATUS_TIMEOUT_S = 20.0
-
-
-def free_port_block(count: int) -> tuple[int, int]:
-    """A gRPC base port and a metrics base port with `count` free consecutive ports each."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20_000, 40_000)
-        metrics = base + 10_000
-        if all(_port_is_free(port) for port in [*range(base, base + count), *range(metrics, metrics + count)]):
-            return base, metrics
-    raise AssertionError("no block of free ports found")
-
-
-def _port_is_free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

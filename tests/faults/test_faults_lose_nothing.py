@@ -18,7 +18,7 @@ from tests.faults.checking import QueueSpec, check_history, format_violations
 from tests.faults.cluster import ClusterStatus, LocalCluster
 from tests.faults.history import History, Send, StoredMessage, dump_history
 from tests.faults.workload import Workload, WorkloadConfig, read_stored
-from tests.integration.harness import wait_for
+from tests.support.servers import wait_for
 
 QUEUES = ("orders:shards=4,replicas=3", "fifo:fifo=true,shards=2,replicas=3")
 CHECKED = (QueueSpec("orders"), QueueSpec("fifo", fifo=True))

@@ -11,7 +11,7 @@ import pytest
 from tests.faults.checking import QueueSpec, check_history, format_violations
 from tests.faults.history import History, dump_history
 from tests.faults.workload import Workload, WorkloadConfig, read_stored
-from tests.integration.harness import ServerFactory, wait_for
+from tests.support.servers import ServerFactory, wait_for
 
 QUEUES = (QueueSpec("orders"), QueueSpec("fifo", fifo=True))
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from shardq import AsyncClient, Client, Message, ShardqError
-from tests.integration.harness import ServerProcess, drain, stored_count, wait_for
+from tests.support.servers import ServerProcess, drain, stored_count, wait_for
 
 QUEUE = "orders"
 DLQ = "orders-dlq"

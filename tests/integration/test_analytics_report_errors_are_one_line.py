@@ -6,7 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.integration.harness import ServerProcess, free_port
+from tests.support.ports import free_port
+from tests.support.servers import ServerProcess
 
 
 def report(endpoint: str, queue: str, out: str) -> subprocess.CompletedProcess[str]:

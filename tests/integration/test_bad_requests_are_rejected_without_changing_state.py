@@ -12,7 +12,7 @@ from shardq import Client, InvalidArgument, Message, QueueNotFound, Reason
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.errors import ERROR_DOMAIN
 from shardq.queues import MAX_ATTRIBUTES, MIB
-from tests.integration.harness import ServerProcess, drain
+from tests.support.servers import ServerProcess, drain
 
 QUEUE = "orders"
 DAY_MS = 86_400_000

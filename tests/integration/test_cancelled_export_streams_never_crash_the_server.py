@@ -17,7 +17,7 @@ import grpc
 from shardq import AsyncClient, Client, Message
 from shardq.api.v1 import export_pb2, export_pb2_grpc
 from shardq.errors import ShardqError
-from tests.integration.harness import ServerProcess, stored_count
+from tests.support.servers import ServerProcess, stored_count
 
 QUEUE = "orders"
 SHARDS = 4

@@ -14,8 +14,8 @@ import pytest
 
 from shardq import Client, Message
 from shardq.api.v1 import export_pb2, export_pb2_grpc, replication_pb2, replication_pb2_grpc
-from tests.integration.cluster_harness import SERVERS, Cluster
-from tests.integration.harness import wait_for
+from tests.support.clusters import SERVERS, Cluster
+from tests.support.servers import wait_for
 
 MESSAGES = 3_000
 BODY = b"s" * 1_000

@@ -9,7 +9,8 @@ import subprocess
 import sys
 import time
 
-from tests.integration.harness import ServerProcess, free_port
+from tests.support.ports import free_port
+from tests.support.servers import ServerProcess
 
 QUEUE = "orders-dlq"
 

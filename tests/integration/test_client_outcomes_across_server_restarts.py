@@ -15,7 +15,7 @@ import pytest
 
 from shardq import Client, Message
 from shardq.errors import OutcomeUnknown
-from tests.integration.harness import ServerProcess, wait_in_flight
+from tests.support.servers import ServerProcess, wait_in_flight
 
 QUEUE = "orders-dlq"
 

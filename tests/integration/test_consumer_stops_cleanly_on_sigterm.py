@@ -12,7 +12,7 @@ import textwrap
 import time
 
 from shardq import Client, Message
-from tests.integration.harness import ServerProcess, wait_for
+from tests.support.servers import ServerProcess, wait_for
 
 QUEUE = "orders-dlq"
 MESSAGES = 12

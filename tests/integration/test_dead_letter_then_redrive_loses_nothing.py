@@ -7,7 +7,7 @@ import sys
 import time
 
 from shardq import Client, Message
-from tests.integration.harness import ServerFactory, ServerProcess, drain, stored_count, wait_for
+from tests.support.servers import ServerFactory, ServerProcess, drain, stored_count, wait_for
 
 SOURCE = "orders"  # max_receive_count=2
 DLQ = "orders-dlq"

@@ -10,7 +10,7 @@ import pytest
 
 from shardq import AsyncClient, Client, InvalidArgument, Message, run_consumer
 from shardq.types import ReceivedMessage
-from tests.integration.harness import ServerFactory, ServerProcess, wait_for
+from tests.support.servers import ServerFactory, ServerProcess, wait_for
 
 QUEUES = ("jobs:dead_letter_queue=jobs-dlq,max_receive_count=2", "jobs-dlq")
 

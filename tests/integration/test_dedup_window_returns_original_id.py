@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from shardq import Client, Message
-from tests.integration.harness import ServerProcess, drain, stored_count
+from tests.support.servers import ServerProcess, drain, stored_count
 
 QUEUE = "orders"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shardq import Client, InvalidArgument, Message
-from tests.integration.harness import stored_count
+from tests.support.servers import stored_count
 
 QUEUE = "fifo"
 GROUPS = ("alpha", "beta", "gamma", "delta")

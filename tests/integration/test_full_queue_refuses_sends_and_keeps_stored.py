@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shardq import Client, InvalidArgument, Message, QueueFull
-from tests.integration.harness import ServerFactory, drain, stored_count
+from tests.support.servers import ServerFactory, drain, stored_count
 
 QUEUE = "bounded"
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from shardq import AsyncClient, Client, Message, ShardqError
-from tests.integration.harness import ServerProcess, drain
+from tests.support.servers import ServerProcess, drain
 
 QUEUE = "orders"
 PRODUCERS = 6

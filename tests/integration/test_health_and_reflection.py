@@ -7,7 +7,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tests.integration.harness import ServerProcess
+from tests.support.servers import ServerProcess
 
 
 def test_health_check_reports_serving(server: ServerProcess) -> None:

@@ -14,7 +14,7 @@ from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-unty
 from shardq import AsyncClient, Client, Message
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.errors import ERROR_DOMAIN, InvalidArgument, QueueFull, QueueNotFound
-from tests.integration.harness import ServerProcess, stored_count
+from tests.support.servers import ServerProcess, stored_count
 
 QUEUE = "orders"
 HUGE = "q" * 20_000

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from shardq import AsyncClient, Client, Message
-from tests.integration.harness import ServerFactory, stored_count
+from tests.support.servers import ServerFactory, stored_count
 
 QUEUE = "big"
 MESSAGES = 9

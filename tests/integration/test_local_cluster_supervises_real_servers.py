@@ -11,9 +11,7 @@ import dataclasses
 import json
 import os
 import pathlib
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,12 +22,13 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from shard_server.leases.fencing import isr_of
-from shard_server.leases.store import LeaseRecord
 from shard_server.local.processes import is_cluster_server, process_is_alive
-from shard_server.storage.lease_store import LocalLeaseStore
 from shardq import Client
-from tests.integration.harness import wait_for
+from shardq.coordination.fencing import isr_of
+from shardq.coordination.leases import LeaseRecord
+from shardq.coordination.local_leases import LocalLeaseStore
+from tests.support.ports import free_port_block
+from tests.support.servers import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -37,27 +36,6 @@ SERVERS = 3
 QUEUE = "orders:shards=4,replicas=3"
 START_DEADLINE_S = 60.0
 STOP_DEADLINE_S = 30.0
-
-
-def free_port_block(count: int) -> tuple[int, int]:
-    """A gRPC base port and a metrics base port with `count` free consecutive ports each."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20_000, 40_000)
-        metrics = base + 10_000
-        ports = [*range(base, base + count), *range(metrics, metrics + count)]
-        if all(_port_is_free(port) for port in ports):
-            return base, metrics
-    raise AssertionError("no block of free ports found")
-
-
-def _port_is_free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 @dataclasses.dataclass

@@ -6,7 +6,7 @@ import asyncio
 import time
 
 from shardq import AsyncClient, Message
-from tests.integration.harness import ServerProcess
+from tests.support.servers import ServerProcess
 
 QUEUE = "orders"  # four shards
 WAIT_MS = 10_000

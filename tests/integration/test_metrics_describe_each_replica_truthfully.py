@@ -16,13 +16,13 @@ import grpc
 import pytest
 
 from e2e.binaries import locate_binaries, require
-from shard_server.leases.fencing import build_takeover
 from shardq import AsyncClient, Client, Message
 from shardq.api.v1 import replication_pb2, replication_pb2_grpc
+from shardq.coordination.fencing import build_takeover
 from shardq.errors import QueueFull
-from tests.integration.cluster_harness import LEASE_MS, SERVERS, Cluster
-from tests.integration.harness import ServerFactory, wait_for
 from tests.integration.scraping import samples, scrape_text, value, values
+from tests.support.clusters import LEASE_MS, SERVERS, Cluster
+from tests.support.servers import ServerFactory, wait_for
 
 
 def promtool_accepts(text: str) -> None:

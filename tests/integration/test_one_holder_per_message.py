@@ -6,7 +6,7 @@ import asyncio
 from collections import Counter
 
 from shardq import AsyncClient, Message
-from tests.integration.harness import ServerProcess
+from tests.support.servers import ServerProcess
 
 QUEUE = "orders"
 MESSAGES = 400

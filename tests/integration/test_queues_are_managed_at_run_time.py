@@ -15,7 +15,8 @@ import pytest
 from shardq import Client, Message
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.errors import InvalidArgument, QueueExists, QueueInUse, QueueManagedElsewhere, QueueNotFound
-from tests.integration.harness import ServerFactory, ServerProcess, free_port, stored_count
+from tests.support.ports import free_port
+from tests.support.servers import ServerFactory, ServerProcess, stored_count
 
 
 def test_a_created_queue_survives_a_restart_with_its_messages_and_settings(server_factory: ServerFactory) -> None:

@@ -10,12 +10,12 @@ import time
 import grpc
 import pytest
 
-from shard_server.leases.fencing import build_takeover, is_expired, isr_of
-from shard_server.leases.store import LeaseRecord
 from shardq import Client, Message, ShardqError
 from shardq.api.v1 import replication_pb2, replication_pb2_grpc
-from tests.integration.cluster_harness import LEASE_MS, Cluster
-from tests.integration.harness import wait_for
+from shardq.coordination.fencing import build_takeover, is_expired, isr_of
+from shardq.coordination.leases import LeaseRecord
+from tests.support.clusters import LEASE_MS, Cluster
+from tests.support.servers import wait_for
 
 
 def send_until_accepted(client: Client, bodies: list[bytes], *, shard_hint: str) -> list[str]:

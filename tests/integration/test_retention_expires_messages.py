@@ -5,7 +5,7 @@ from __future__ import annotations
 import urllib.request
 
 from shardq import Client, Message
-from tests.integration.harness import ServerFactory, ServerProcess, stored_count, wait_for
+from tests.support.servers import ServerFactory, ServerProcess, stored_count, wait_for
 
 QUEUE = "short"
 

@@ -9,7 +9,7 @@ import grpc
 
 from shardq import AsyncClient, Client, Message
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
-from tests.integration.harness import ServerProcess, drain, stored_count
+from tests.support.servers import ServerProcess, drain, stored_count
 
 QUEUE = "orders"
 

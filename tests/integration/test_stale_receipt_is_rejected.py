@@ -6,7 +6,7 @@ import time
 
 from shardq import Client, Message, Reason
 from shardq.receipts import decode_receipt, encode_receipt
-from tests.integration.harness import ServerProcess, stored_count, wait_for, wait_in_flight
+from tests.support.servers import ServerProcess, stored_count, wait_for, wait_in_flight
 
 QUEUE = "orders-dlq"  # one shard, no dead-letter queue of its own
 

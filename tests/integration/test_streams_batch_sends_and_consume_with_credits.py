@@ -6,7 +6,7 @@ import asyncio
 import time
 
 from shardq import AsyncClient, Client, EntryResult, Message
-from tests.integration.harness import ServerFactory, ServerProcess, stored_count, wait_for
+from tests.support.servers import ServerFactory, ServerProcess, stored_count, wait_for
 
 QUEUE = "stream"
 SPEC = f"{QUEUE}:shards=3,nack_backoff_base=500ms,nack_backoff_max=2s"

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from shard_server.leases.fencing import build_takeover, incarnations_of, is_expired, isr_of
-from shard_server.leases.store import LeaseRecord
 from shardq import Client, Message, ShardqError
-from tests.integration.cluster_harness import LEASE_MS, Cluster
-from tests.integration.harness import wait_for
+from shardq.coordination.fencing import build_takeover, incarnations_of, is_expired, isr_of
+from shardq.coordination.leases import LeaseRecord
+from tests.support.clusters import LEASE_MS, Cluster
+from tests.support.servers import wait_for
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 from shardq import Client, Message
-from tests.integration.harness import ServerProcess, drain, free_port
+from tests.support.ports import free_port
+from tests.support.servers import ServerProcess, drain
 
 QUEUE = "spread"
 MESSAGES = 400

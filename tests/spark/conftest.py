@@ -13,7 +13,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.integration.harness import ServerFactory, wait_for
+from tests.support.servers import ServerFactory, wait_for
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

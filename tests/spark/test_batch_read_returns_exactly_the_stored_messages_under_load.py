@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from shardq import Client, Message
-from tests.integration.harness import wait_for
+from tests.support.servers import wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 

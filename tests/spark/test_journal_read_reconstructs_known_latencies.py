@@ -9,7 +9,7 @@ import pytest
 
 from shardq import Client, Message, ReceivedMessage
 from shardq.analytics.lifecycles import build_message_lifecycles
-from tests.integration.harness import wait_for
+from tests.support.servers import wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 

@@ -14,7 +14,7 @@ import pytest
 
 from shardq import Client, Message, ReceivedMessage
 from shardq.analytics.report import PARQUET_TABLES, PLOTS, run_report
-from tests.integration.harness import wait_for
+from tests.support.servers import wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(400)]
 

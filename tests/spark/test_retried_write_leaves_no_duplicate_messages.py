@@ -15,7 +15,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 
 from shardq import Client
-from tests.integration.harness import wait_for
+from tests.support.servers import wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(400)]
 

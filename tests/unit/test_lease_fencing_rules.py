@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shard_server.leases.fencing import (
+from shardq.coordination.fencing import (
     build_isr_change,
     build_renewal,
     build_takeover,
@@ -17,7 +17,7 @@ from shard_server.leases.fencing import (
     isr_of,
     safe_serving_deadline_ms,
 )
-from shard_server.leases.store import ISR_ANNOTATION, LeaseRecord
+from shardq.coordination.leases import ISR_ANNOTATION, LeaseRecord
 
 T0 = 1_763_771_298_000
 DURATION_MS = 10_000

@@ -17,19 +17,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shard_server.leases.fencing import build_isr_change, build_renewal, build_takeover, isr_of
-from shard_server.leases.store import LeaseRecord
 from shard_server.local.cluster_files import (
-    ClusterFile,
     build_cluster_file,
-    cluster_file_to_json,
-    lease_name,
     parse_queue_argument,
     read_cluster_file,
     write_cluster_file,
 )
 from shard_server.local.supervising import ensure_shard_leases, read_shard_leases
-from shard_server.local.takeovers import (
+from shardq.coordination.cluster_map import ClusterMap, cluster_map_to_json, lease_name
+from shardq.coordination.fencing import build_isr_change, build_renewal, build_takeover, isr_of
+from shardq.coordination.leases import LeaseRecord
+from shardq.coordination.local_leases import LocalLeaseStore
+from shardq.coordination.placement import ShardId
+from shardq.coordination.takeovers import (
     MIN_LOAD_TO_REBALANCE,
     ServerObservation,
     Takeover,
@@ -40,8 +40,6 @@ from shard_server.local.takeovers import (
     choose_failovers,
     choose_rebalancing,
 )
-from shard_server.storage.lease_store import LocalLeaseStore
-from shardq.planning import ShardId
 from shardq.queues import queue_config_from_spec
 
 T0 = 1_763_771_298_000
@@ -49,7 +47,7 @@ DURATION_MS = 2_000
 ORDERS_0 = ShardId("orders", 0)
 
 
-def three_server_cluster(*queues: str) -> ClusterFile:
+def three_server_cluster(*queues: str) -> ClusterMap:
     return build_cluster_file(
         queues=[parse_queue_argument(text) for text in queues or ("orders:shards=4,replicas=3",)],
         server_count=3,
@@ -120,7 +118,7 @@ class TestClusterFile:
     def test_round_trips_through_the_file(self, tmp_path: pathlib.Path) -> None:
         cluster = three_server_cluster()
         write_cluster_file(tmp_path, cluster)
-        assert cluster_file_to_json(read_cluster_file(tmp_path)) == cluster_file_to_json(cluster)
+        assert cluster_map_to_json(read_cluster_file(tmp_path)) == cluster_map_to_json(cluster)
 
     def test_spreads_leaders_and_replicas_evenly(self) -> None:
         cluster = three_server_cluster("orders:shards=6,replicas=3", "billing:shards=3,replicas=2")
@@ -138,7 +136,7 @@ class TestClusterFile:
             parse_queue_argument("orders:shards=2,colour=blue")
 
     def test_refuses_a_placement_that_names_an_unknown_server(self, tmp_path: pathlib.Path) -> None:
-        data = cluster_file_to_json(three_server_cluster())
+        data = cluster_map_to_json(three_server_cluster())
         data["placement"]["orders"][0] = ["s1", "s9", "s2"]
         (tmp_path / "cluster.json").write_text(json.dumps(data))
         with pytest.raises(ValueError, match="distinct known servers"):
@@ -306,7 +304,7 @@ def test_failover_never_hands_a_shard_to_a_replica_out_of_sync_or_not_running(
 
 
 class TestRebalancing:
-    def settled(self, cluster: ClusterFile) -> dict[str, LeaseRecord]:
+    def settled(self, cluster: ClusterMap) -> dict[str, LeaseRecord]:
         leases = {}
         for shard in cluster.shards():
             record = build_initial_lease(
@@ -367,9 +365,9 @@ class TestRebalancing:
 
 
 def test_a_dead_or_silent_holder_leaves_the_isr_with_the_takeover() -> None:
-    from shard_server.leases.fencing import build_isr_change
-    from shard_server.leases.store import LeaseRecord
-    from shard_server.local.takeovers import Takeover, TakeoverReason, isr_after_takeover
+    from shardq.coordination.fencing import build_isr_change
+    from shardq.coordination.leases import LeaseRecord
+    from shardq.coordination.takeovers import Takeover, TakeoverReason, isr_after_takeover
 
     lease = build_isr_change(LeaseRecord(name="orders.0", holder="s1", transitions=3), {"s1", "s2", "s3"})
     for reason in (TakeoverReason.HOLDER_DIED, TakeoverReason.LEASE_EXPIRED):

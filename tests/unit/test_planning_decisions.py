@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardq.planning import (
+from shardq.coordination.placement import (
     ClusterState,
     LeadershipMove,
     ServerState,

@@ -3,7 +3,7 @@
 No I/O and no clock: `now_ms` is a parameter. The supervisor reads processes, leases and
 replica status, calls these functions, and carries out each `Takeover` as one lease
 compare-and-swap (`fencing.build_takeover`), so a decision taken on stale facts fails
-the CAS instead of doing harm. The choices themselves are `shardq.planning`'s.
+the CAS instead of doing harm. The choices themselves are `shardq.coordination.placement`'s.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import dataclasses
 import enum
 from collections.abc import Mapping, Sequence
 
-from shard_server.leases.fencing import build_isr_change, is_expired, isr_of
-from shard_server.leases.store import LeaseRecord
-from shard_server.local.cluster_files import ClusterFile, lease_name
-from shardq.planning import (
+from shardq.coordination.cluster_map import ClusterMap, lease_name
+from shardq.coordination.fencing import build_isr_change, is_expired, isr_of
+from shardq.coordination.leases import LeaseRecord
+from shardq.coordination.placement import (
     ClusterState,
     ServerState,
     ShardId,
@@ -152,7 +152,7 @@ def choose_failover(
 
 
 def choose_failovers(
-    *, cluster: ClusterFile, leases: Mapping[str, LeaseRecord], servers: Mapping[str, ServerObservation], now_ms: int
+    *, cluster: ClusterMap, leases: Mapping[str, LeaseRecord], servers: Mapping[str, ServerObservation], now_ms: int
 ) -> list[Takeover | Waiting]:
     """`choose_failover` for every shard of the cluster that has a lease, spreading the new leaders.
 
@@ -189,7 +189,7 @@ def choose_failovers(
 
 def choose_rebalancing(
     *,
-    cluster: ClusterFile,
+    cluster: ClusterMap,
     leases: Mapping[str, LeaseRecord],
     servers: Mapping[str, ServerObservation],
     shard_loads: Mapping[ShardId, float],

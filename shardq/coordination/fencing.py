@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from shard_server.leases.store import INCARNATIONS_ANNOTATION, ISR_ANNOTATION, LeaseRecord
+from shardq.coordination.leases import INCARNATIONS_ANNOTATION, ISR_ANNOTATION, LeaseRecord
 
 _ISR_SEPARATOR = ","
 

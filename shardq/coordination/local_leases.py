@@ -15,7 +15,7 @@ from typing import Any
 
 import lmdb
 
-from shard_server.leases.store import LeaseConflict, LeaseRecord
+from shardq.coordination.leases import LeaseConflict, LeaseRecord
 
 # Leases are a few hundred bytes each; the map is sparse, so this costs no disk.
 DEFAULT_MAP_SIZE = 64 << 20

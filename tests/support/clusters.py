@@ -7,7 +7,6 @@ operator would (lease compare-and-swap), so each test controls the timing.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import signal
@@ -15,9 +14,19 @@ import subprocess
 import sys
 import time
 
-from shard_server.leases.store import ISR_ANNOTATION, LeaseRecord
-from shard_server.storage.lease_store import LocalLeaseStore
-from tests.integration.harness import free_port
+from shardq.coordination.cluster_map import (
+    CLUSTER_FILE,
+    ClusterMap,
+    QueueEntry,
+    ServerEntry,
+    lease_name,
+    write_cluster_map,
+)
+from shardq.coordination.leases import LeaseConflict, LeaseRecord, LeaseStore
+from shardq.coordination.local_leases import LocalLeaseStore
+from shardq.coordination.placement import ShardId
+from shardq.coordination.takeovers import build_initial_lease
+from tests.support.ports import free_port
 
 LEASE_MS = 1_500
 SERVERS = ("s1", "s2", "s3")
@@ -39,36 +48,18 @@ class Cluster:
         self.ports = {server: free_port() for server in servers}
         self.metrics_ports = {server: free_port() for server in servers}
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
-        self.cluster_file = root / "cluster.json"
-        self.cluster_file.write_text(
-            json.dumps(
-                {
-                    "servers": {s: {"address": self.endpoint(s)} for s in servers},
-                    "queues": [
-                        {
-                            "name": "orders",
-                            "spec": {"shards": len(self.placement), "replicas": len(self.placement[0]), **(spec or {})},
-                        }
-                    ],
-                    "placement": {"orders": self.placement},
-                    "lease_duration_ms": LEASE_MS,
-                }
-            )
-        )
         self.leases = LocalLeaseStore(root / "leases.lmdb")
-        now = int(time.time() * 1000)
-        for shard, replicas in enumerate(self.placement):
-            self.leases.create(
-                LeaseRecord(
-                    name=f"orders.{shard}",
-                    holder=replicas[0],
-                    acquire_time_ms=now,
-                    renew_time_ms=now,
-                    duration_ms=LEASE_MS,
-                    transitions=1,
-                    annotations={ISR_ANNOTATION: ",".join(sorted(replicas))},
-                )
-            )
+        self.cluster_file = root / CLUSTER_FILE
+        self.cluster_map = seed_cluster(
+            self.cluster_file,
+            self.leases,
+            servers={server: self.endpoint(server) for server in servers},
+            queue=QueueEntry(
+                "orders", {"shards": len(self.placement), "replicas": len(self.placement[0]), **(spec or {})}
+            ),
+            placement=self.placement,
+            lease_duration_ms=LEASE_MS,
+        )
 
     def endpoint(self, server: str) -> str:
         return f"127.0.0.1:{self.ports[server]}"
@@ -106,6 +97,37 @@ class Cluster:
         self.leases.close()
 
     def leader_of(self, shard: int) -> LeaseRecord:
-        lease = self.leases.get(f"orders.{shard}")
+        lease = self.leases.get(lease_name(ShardId("orders", shard)))
         assert lease is not None
         return lease
+
+
+def seed_cluster(
+    path: pathlib.Path,
+    leases: LeaseStore,
+    *,
+    servers: dict[str, str],
+    queue: QueueEntry,
+    placement: list[list[str]],
+    lease_duration_ms: int,
+    now_ms: int | None = None,
+) -> ClusterMap:
+    """Write a one-queue cluster map to `path` and each shard's first lease, as the
+    supervisor or the operator would: the placement's first replica leads in epoch 1."""
+    cluster = ClusterMap(
+        servers={server: ServerEntry(server, address) for server, address in servers.items()},
+        queues=[queue],
+        placement={queue.name: placement},
+        lease_duration_ms=lease_duration_ms,
+    )
+    write_cluster_map(path, cluster)
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    for shard in cluster.shards():
+        record = build_initial_lease(
+            shard=shard, replicas=cluster.replicas_of(shard), now_ms=now, duration_ms=lease_duration_ms
+        )
+        try:
+            leases.create(record)
+        except LeaseConflict:
+            raise AssertionError(f"lease {record.name} exists already: seed a fresh lease store") from None
+    return cluster

@@ -15,7 +15,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from shard_server.leases.store import LeaseConflict, LeaseRecord
+from shardq.coordination.leases import LeaseConflict, LeaseRecord
 
 # leaseDurationSeconds is whole seconds; the exact duration in ms is kept beside it so a
 # record reads back as it was written. The annotation is ours: callers never see it.

@@ -1,4 +1,4 @@
-"""Integration harness: a real `shardq serve` subprocess, and polling/draining helpers."""
+"""A real `shardq serve` subprocess, and polling/draining helpers."""
 
 from __future__ import annotations
 
@@ -26,12 +26,6 @@ DEFAULT_QUEUES = (
     "orders-dlq",
     "fifo:fifo=true,shards=2",
 )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_for(check: Callable[[], T | None], *, timeout: float, interval: float = 0.05, what: str = "condition") -> T:

@@ -1,0 +1,208 @@
+"""The cluster map: which servers exist, which queues, and where each shard's replicas live.
+
+One model and one parser for every reader and writer: the local supervisor writes it
+to `cluster.json`, the operator to a ConfigMap, and every shard server reads it (at
+start, and again whenever it changes). Shard leases are named by `lease_name`, here
+and nowhere else, so a server, a supervisor, an operator and a test all find the same Lease.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from shardq.coordination.placement import ServerState, ShardId, choose_initial_placement
+from shardq.queues import QueueConfig, queue_config_from_spec
+
+CLUSTER_FILE = "cluster.json"
+DEFAULT_LEASE_DURATION_MS = 2_000
+
+# A Kubernetes object name may be a DNS subdomain; a lease name is one label for the
+# queue and one for the shard index, so it is always one.
+_DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+_NOT_IN_A_LABEL = re.compile(r"[^a-z0-9-]+")
+_MAPPED_PREFIX = "q-"
+_DIGEST_CHARACTERS = 10
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueEntry:
+    """A queue as the user specified it: the spec is kept verbatim so servers parse the same text."""
+
+    name: str
+    spec: dict[str, Any]
+
+    @property
+    def config(self) -> QueueConfig:
+        return queue_config_from_spec(self.name, self.spec)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerEntry:
+    server_id: str
+    address: str
+    # Where the server serves /metrics; "" when whoever wrote the map does not say.
+    metrics_address: str = ""
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rpartition(":")[2])
+
+    @property
+    def metrics_port(self) -> int:
+        return int(self.metrics_address.rpartition(":")[2])
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClusterMap:
+    servers: dict[str, ServerEntry]
+    queues: list[QueueEntry]
+    # queue -> per shard, the replica server ids; the first is the shard's initial leader.
+    placement: dict[str, list[list[str]]]
+    lease_duration_ms: int = DEFAULT_LEASE_DURATION_MS
+
+    def shards(self) -> list[ShardId]:
+        return [
+            ShardId(queue, index) for queue, shards in sorted(self.placement.items()) for index in range(len(shards))
+        ]
+
+    def replicas_of(self, shard: ShardId) -> tuple[str, ...]:
+        return tuple(self.placement[shard.queue][shard.index])
+
+    def address_of(self, server_id: str) -> str:
+        """The server's gRPC address, or "" for a server the map does not know."""
+        entry = self.servers.get(server_id)
+        return entry.address if entry is not None else ""
+
+    def queue_configs(self) -> list[QueueConfig]:
+        return [queue.config for queue in self.queues]
+
+    def shards_on(self, server_id: str, queue: str) -> list[int]:
+        """The indexes of `queue`'s shards that have a replica on `server_id`."""
+        return [index for index, replicas in enumerate(self.placement.get(queue, [])) if server_id in replicas]
+
+
+def lease_name(shard: ShardId) -> str:
+    """The lease of a shard, `orders.0`: always a valid Kubernetes object name.
+
+    Queue names are DNS labels (the queue validator insists), so they map to themselves.
+    Anything else (a name from before that rule, or from a hand-edited map) maps to a
+    label made of its legal characters and a digest of the whole name: deterministic,
+    so every reader finds the same Lease, and distinct for distinct names.
+    """
+    if shard.index < 0:
+        raise ValueError(f"shard index must not be negative, got {shard.index}")
+    return f"{lease_label(shard.queue)}.{shard.index}"
+
+
+def lease_label(queue: str) -> str:
+    """The queue part of its shards' lease names (see `lease_name`)."""
+    if _DNS_LABEL.fullmatch(queue):
+        return queue
+    digest = hashlib.sha256(queue.encode()).hexdigest()[:_DIGEST_CHARACTERS]
+    readable = _NOT_IN_A_LABEL.sub("-", queue.lower()).strip("-")
+    room = 63 - len(_MAPPED_PREFIX) - 1 - _DIGEST_CHARACTERS
+    readable = readable[:room].strip("-")
+    return f"{_MAPPED_PREFIX}{readable}-{digest}" if readable else f"{_MAPPED_PREFIX}{digest}"
+
+
+def place_queues(queues: Iterable[QueueEntry], server_ids: Sequence[str]) -> dict[str, list[list[str]]]:
+    """Every queue's replicas placed across `server_ids` by the shared planner."""
+    placement: dict[str, list[list[str]]] = {}
+    for queue in queues:
+        config = queue.config
+        try:
+            chosen = choose_initial_placement(
+                shards=[ShardId(queue.name, index) for index in range(config.shards)],
+                replicas=config.replicas,
+                servers=[ServerState(name) for name in server_ids],
+            )
+        except ValueError as error:
+            raise ValueError(f"queue {queue.name!r}: {error}") from None
+        placement[queue.name] = [list(chosen[ShardId(queue.name, index)].replicas) for index in range(config.shards)]
+    return placement
+
+
+def cluster_map_to_json(cluster: ClusterMap) -> dict[str, Any]:
+    return {
+        "servers": {
+            entry.server_id: {"address": entry.address, "metrics_address": entry.metrics_address}
+            for entry in cluster.servers.values()
+        },
+        "queues": [{"name": queue.name, "spec": queue.spec} for queue in cluster.queues],
+        "placement": cluster.placement,
+        "lease_duration_ms": cluster.lease_duration_ms,
+    }
+
+
+def cluster_map_from_json(data: Mapping[str, Any]) -> ClusterMap:
+    """Parse and check a cluster map; raises ValueError naming what is wrong."""
+    try:
+        servers = {
+            str(server_id): ServerEntry(
+                server_id=str(server_id),
+                address=str(entry["address"]),
+                metrics_address=str(entry.get("metrics_address", "")),
+            )
+            for server_id, entry in data["servers"].items()
+        }
+        queues = [QueueEntry(name=str(queue["name"]), spec=dict(queue.get("spec", {}))) for queue in data["queues"]]
+        placement = {
+            str(queue): [[str(server) for server in replicas] for replicas in shards]
+            for queue, shards in data["placement"].items()
+        }
+        lease_duration_ms = int(data.get("lease_duration_ms", DEFAULT_LEASE_DURATION_MS))
+    except (KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"not a valid cluster map: {error!r}") from None
+    if lease_duration_ms <= 0:
+        raise ValueError(f"lease_duration_ms must be positive, got {lease_duration_ms}")
+    names = [queue.name for queue in queues]
+    if len(set(names)) != len(names):
+        raise ValueError(f"queue names must be unique: {names}")
+    for queue in queues:
+        config = queue.config
+        shards = placement.get(queue.name)
+        if shards is None or len(shards) != config.shards:
+            raise ValueError(f"queue {queue.name!r} needs a placement for each of its {config.shards} shards")
+        for index, replicas in enumerate(shards):
+            if not replicas or len(set(replicas)) != len(replicas) or not set(replicas) <= servers.keys():
+                raise ValueError(f"{queue.name} shard {index}: replicas {replicas} must be distinct known servers")
+    return ClusterMap(servers=servers, queues=queues, placement=placement, lease_duration_ms=lease_duration_ms)
+
+
+def cluster_map_from_text(text: str) -> ClusterMap:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise ValueError("not a valid cluster map: the top level must be an object")
+    return cluster_map_from_json(data)
+
+
+def cluster_map_to_text(cluster: ClusterMap) -> str:
+    return json.dumps(cluster_map_to_json(cluster), indent=2, sort_keys=True) + "\n"
+
+
+def read_cluster_map(path: pathlib.Path) -> ClusterMap:
+    """The map in `path` (a cluster.json, or a file a ConfigMap is mounted as)."""
+    try:
+        return cluster_map_from_text(path.read_text())
+    except OSError as error:
+        raise ValueError(f"{path}: cannot read the cluster map: {error.strerror}") from None
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
+
+
+def write_cluster_map(path: pathlib.Path, cluster: ClusterMap) -> pathlib.Path:
+    """Write atomically: a server that reads the map while it changes sees the old or the new one."""
+    scratch = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    scratch.write_text(cluster_map_to_text(cluster))
+    os.replace(scratch, path)
+    return path

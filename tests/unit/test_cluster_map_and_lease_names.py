@@ -1,0 +1,114 @@
+"""One cluster map for every reader, and lease names that are always Kubernetes object names."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shardq.coordination.cluster_map import (
+    ClusterMap,
+    QueueEntry,
+    ServerEntry,
+    cluster_map_from_text,
+    cluster_map_to_text,
+    lease_label,
+    lease_name,
+    place_queues,
+    read_cluster_map,
+    write_cluster_map,
+)
+from shardq.coordination.placement import ShardId
+
+# metadata.name of a Lease: a DNS subdomain (RFC 1123), at most 253 characters.
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def is_object_name(name: str) -> bool:
+    return len(name) <= 253 and DNS_SUBDOMAIN.fullmatch(name) is not None
+
+
+def test_a_queue_name_that_is_a_dns_label_names_its_leases_as_written() -> None:
+    assert lease_name(ShardId("orders", 0)) == "orders.0"
+    assert lease_name(ShardId("orders-dlq", 15)) == "orders-dlq.15"
+    assert lease_name(ShardId("a" * 63, 7)) == "a" * 63 + ".7"
+
+
+@pytest.mark.parametrize("queue", ["Orders", "orders_v2", "-orders", "orders-", "a" * 64, "émile", "", "a.b", "UP_PER"])
+def test_a_name_that_is_not_a_dns_label_maps_to_a_valid_object_name(queue: str) -> None:
+    name = lease_name(ShardId(queue, 3))
+    assert is_object_name(name), name
+    label, _, index = name.rpartition(".")
+    assert DNS_LABEL.fullmatch(label) and index == "3"
+    assert lease_name(ShardId(queue, 3)) == name  # deterministic: every reader finds the same Lease
+
+
+def test_names_that_differ_only_in_illegal_characters_get_distinct_leases() -> None:
+    labels = {lease_label(queue) for queue in ["Orders", "orders_", "ORDERS", "Orders!", "orders "]}
+    assert len(labels) == 5
+
+
+@given(st.text(min_size=1, max_size=300), st.integers(min_value=0, max_value=10_000))
+def test_every_queue_name_maps_to_a_valid_lease_name(queue: str, index: int) -> None:
+    assert is_object_name(lease_name(ShardId(queue, index)))
+
+
+def test_a_negative_shard_index_is_refused() -> None:
+    with pytest.raises(ValueError, match="negative"):
+        lease_name(ShardId("orders", -1))
+
+
+def sample_map() -> ClusterMap:
+    queues = [QueueEntry("orders", {"shards": 4, "replicas": 3}), QueueEntry("orders-dlq", {})]
+    servers = {f"s{n}": ServerEntry(f"s{n}", f"10.0.0.{n}:7600") for n in (1, 2, 3)}
+    return ClusterMap(servers=servers, queues=queues, placement=place_queues(queues, list(servers)))
+
+
+def test_the_map_round_trips_through_its_file(tmp_path: pathlib.Path) -> None:
+    cluster = sample_map()
+    read = read_cluster_map(write_cluster_map(tmp_path / "cluster.json", cluster))
+    assert read == cluster
+    assert read.shards_on("s2", "orders") == [i for i, r in enumerate(cluster.placement["orders"]) if "s2" in r]
+    assert read.address_of("s3") == "10.0.0.3:7600" and read.address_of("nobody") == ""
+    assert [config.name for config in read.queue_configs()] == ["orders", "orders-dlq"]
+
+
+def test_a_map_without_metrics_addresses_or_lease_duration_still_parses() -> None:
+    text = json.dumps(
+        {
+            "servers": {"s1": {"address": "127.0.0.1:1"}},
+            "queues": [{"name": "orders"}],
+            "placement": {"orders": [["s1"]]},
+        }
+    )
+    cluster = cluster_map_from_text(text)
+    assert cluster.servers["s1"].metrics_address == "" and cluster.lease_duration_ms > 0
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d["placement"].pop("orders"), "needs a placement"),
+        (lambda d: d["placement"]["orders"][0].append("s9"), "distinct known servers"),
+        (lambda d: d["queues"].append(dict(d["queues"][0])), "unique"),
+        (lambda d: d.update(lease_duration_ms=0), "positive"),
+        (lambda d: d.pop("servers"), "not a valid cluster map"),
+    ],
+)
+def test_a_broken_map_is_refused_with_a_reason(edit: object, message: str) -> None:
+    data = json.loads(cluster_map_to_text(sample_map()))
+    edit(data)  # type: ignore[operator]
+    with pytest.raises(ValueError, match=message):
+        cluster_map_from_text(json.dumps(data))
+
+
+def test_text_that_is_not_json_is_refused() -> None:
+    with pytest.raises(ValueError, match="not JSON"):
+        cluster_map_from_text("{servers")
+    with pytest.raises(ValueError, match="top level"):
+        cluster_map_from_text("[]")
