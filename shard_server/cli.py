@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pathlib
+from collections.abc import Iterator
 
 import click
 import yaml
@@ -11,6 +13,7 @@ import yaml
 from shard_server.logs import configure_logging
 from shard_server.server import ServerSettings, serve
 from shardq.coordination.cluster_map import read_cluster_map
+from shardq.coordination.leases import LeaseStore
 from shardq.queues import QueueConfig, parse_queue_option, queue_config_from_spec
 
 
@@ -53,7 +56,28 @@ def load_queue_file(path: pathlib.Path) -> list[QueueConfig]:
     help="cluster mode: servers, queues and replica placement (JSON)",
 )
 @click.option("--server-id", default="", help="cluster mode: this server's id in the cluster file")
-@click.option("--lease-store", type=click.Path(dir_okay=False, path_type=pathlib.Path), help="cluster mode: lease file")
+@click.option(
+    "--lease-store",
+    default=None,
+    help="cluster mode: the lease file shared by a local cluster's servers, or `kubernetes` for Lease objects",
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(exists=True, dir_okay=False, path_type=pathlib.Path),
+    default=None,
+    help="with --lease-store kubernetes: the API server to use (default: the pod's service account)",
+)
+@click.option(
+    "--namespace",
+    default=None,
+    help="with --lease-store kubernetes: the Leases' namespace (default: the pod's own namespace)",
+)
+@click.option(
+    "--lease-watch/--no-lease-watch",
+    default=True,
+    show_default=True,
+    help="with --lease-store kubernetes: read Leases from one watch (the default) or with a GET per read",
+)
 @click.option(
     "--queues-managed-by",
     default=None,
@@ -71,7 +95,10 @@ def serve_command(
     log_format: str,
     cluster_file: pathlib.Path | None,
     server_id: str,
-    lease_store: pathlib.Path | None,
+    lease_store: str | None,
+    kubeconfig: pathlib.Path | None,
+    namespace: str | None,
+    lease_watch: bool,
     queues_managed_by: str | None,
 ) -> None:
     """Run a shard server hosting the given queues (or its replicas of a cluster's queues)."""
@@ -88,24 +115,68 @@ def serve_command(
         raise click.ClickException(str(error)) from None
     if cluster is not None and (not server_id or lease_store is None):
         raise click.UsageError("--cluster-file needs --server-id and --lease-store")
+    if lease_store != KUBERNETES and (kubeconfig is not None or namespace is not None):
+        raise click.UsageError("--kubeconfig and --namespace go with --lease-store kubernetes")
     configure_logging(json_lines=log_format == "json")
-    settings = ServerSettings(
-        data_dir=data_dir,
-        queues=configs,
-        host=host,
-        port=port,
-        metrics_port=metrics_port,
-        map_size=size,
-        writer_threads=writer_threads,
-        cluster=cluster,
-        server_id=server_id,
-        lease_store=lease_store,
-        queues_managed_by=queues_managed_by,
-    )
-    try:
-        asyncio.run(serve(settings))
-    except ValueError as error:
-        raise click.ClickException(str(error)) from None
+    with contextlib.ExitStack() as closing:
+        leases = None
+        if cluster is not None and lease_store is not None:
+            try:
+                leases = closing.enter_context(
+                    open_lease_store(lease_store, kubeconfig=kubeconfig, namespace=namespace, watch=lease_watch)
+                )
+            except (OSError, ValueError) as error:
+                raise click.ClickException(f"cannot open the lease store {lease_store!r}: {error}") from None
+        settings = ServerSettings(
+            data_dir=data_dir,
+            queues=configs,
+            host=host,
+            port=port,
+            metrics_port=metrics_port,
+            map_size=size,
+            writer_threads=writer_threads,
+            cluster=cluster,
+            server_id=server_id,
+            lease_store=leases,
+            queues_managed_by=queues_managed_by,
+        )
+        try:
+            asyncio.run(serve(settings))
+        except ValueError as error:
+            raise click.ClickException(str(error)) from None
+
+
+KUBERNETES = "kubernetes"
+# Where a pod finds its own namespace.
+SERVICE_ACCOUNT_NAMESPACE = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+@contextlib.contextmanager
+def open_lease_store(
+    spec: str, *, kubeconfig: pathlib.Path | None, namespace: str | None, watch: bool
+) -> Iterator[LeaseStore]:
+    """The lease store `spec` names: `kubernetes` (Lease objects) or a local lease file."""
+    if spec != KUBERNETES:
+        # Imported here: LMDB environments must be opened in the process that uses them.
+        from shardq.coordination.local_leases import LocalLeaseStore
+
+        with LocalLeaseStore(pathlib.Path(spec)) as local:
+            yield local
+        return
+    # Imported here: only Kubernetes mode needs the client.
+    from shardq.coordination.kubernetes_leases import KubernetesLeaseStore, connect
+
+    if namespace is None:
+        if not SERVICE_ACCOUNT_NAMESPACE.exists():
+            raise ValueError("--namespace is needed outside a pod")
+        namespace = SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+    with connect(kubeconfig=kubeconfig) as api:
+        store = KubernetesLeaseStore(api, namespace=namespace, watch=watch)
+        try:
+            store.wait_until_watching(store.request_timeout_seconds)
+            yield store
+        finally:
+            store.close()
 
 
 def _parse_size(text: str) -> int:

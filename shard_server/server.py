@@ -39,7 +39,7 @@ from shardq.api.v1 import (
     replication_pb2_grpc,
 )
 from shardq.coordination.cluster_map import ClusterMap
-from shardq.coordination.local_leases import LocalLeaseStore
+from shardq.coordination.leases import LeaseStore
 from shardq.queues import QueueConfig
 
 log = logging.getLogger(__name__)
@@ -58,10 +58,11 @@ class ServerSettings:
     map_size: int = DEFAULT_MAP_SIZE
     # Threads running write transactions, shared by all shards (see WriterThreads).
     writer_threads: int = 1
-    # Cluster mode: this server's id in the cluster file, and the lease store.
+    # Cluster mode: this server's id in the cluster map, and the lease store (local
+    # file or Kubernetes Leases; the caller opens and closes it).
     cluster: ClusterMap | None = None
     server_id: str = ""
-    lease_store: pathlib.Path | None = None
+    lease_store: LeaseStore | None = None
     # Where the queues are defined when the server must not change them itself (a
     # cluster map, the operator's Queue resources); runtime queue management then
     # refuses and names it.
@@ -88,13 +89,12 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
 
-    leases: LocalLeaseStore | None = None
+    leases = settings.lease_store
     router: Router | None = None
     peers: PeerChannels | None = None
     if settings.cluster is not None:
-        if settings.lease_store is None or settings.server_id not in settings.cluster.servers:
+        if leases is None or settings.server_id not in settings.cluster.servers:
             raise SystemExit("shardq: cluster mode needs --lease-store and a --server-id listed in the cluster file")
-        leases = LocalLeaseStore(settings.lease_store)
         router = Router(settings.cluster, leases, server_id=settings.server_id)
         router.refresh()
         peers = PeerChannels(settings.cluster)
@@ -215,8 +215,6 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
             await peers.close()
         if router is not None:
             await router.close()
-        if leases is not None:
-            leases.close()
         metrics.REGISTRY.unregister(collector)
         if metrics_server is not None:
             metrics_server.shutdown()
