@@ -4,10 +4,11 @@ tests in e2e/ and tests/contract/ share one control plane."""
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e.binaries import Binaries, locate_binaries, require, running_in_ci
-from e2e.kubecluster import ControlPlane, start_control_plane, stop_control_plane
+from e2e.kubecluster import ControlPlane, compact_etcd, start_control_plane, stop_control_plane
 from e2e.realnode import (
     Layout,
     NodeError,
@@ -100,6 +101,13 @@ def api_client(control_plane: ControlPlane) -> Iterator[client.ApiClient]:
     """The official Python client, authenticated as the admin."""
     with control_plane.api_client() as api:
         yield api
+
+
+@pytest.fixture
+def compact_etcd_history(control_plane: ControlPlane) -> Callable[[], int]:
+    """Compacts etcd up to its current revision when called (as the API server does
+    every five minutes); returns that revision."""
+    return functools.partial(compact_etcd, control_plane)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from shardq import Client
-from tests.support.clusters import SERVERS, Cluster
+from tests.support.clusters import SERVERS, Cluster, KubernetesLeases
 from tests.support.ports import free_port
 from tests.support.servers import DEFAULT_QUEUES, ServerFactory, ServerProcess
 
@@ -53,6 +53,19 @@ def client(server: ServerProcess) -> Iterator[Client]:
 def cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
     """Three replicated servers (s1..s3) over a local lease store, stopped after the test."""
     cluster = Cluster(tmp_path)
+    try:
+        for server in SERVERS:
+            cluster.start(server)
+        yield cluster
+    finally:
+        cluster.stop_all()
+
+
+@pytest.fixture
+def kubernetes_cluster(tmp_path: pathlib.Path, kubeconfig: pathlib.Path, namespace: str) -> Iterator[Cluster]:
+    """The same three servers, holding their shard leases as Lease objects on the real
+    control plane (`--lease-store kubernetes`, read through a watch)."""
+    cluster = Cluster(tmp_path, kubernetes=KubernetesLeases(kubeconfig, namespace))
     try:
         for server in SERVERS:
             cluster.start(server)

@@ -17,11 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from kubernetes import client
 
-from e2e.kubecluster import ControlPlane
 from shardq.coordination.fencing import build_isr_change, build_renewal, build_takeover, isr_of
-from shardq.coordination.kubernetes_leases import KubernetesLeaseStore
+from shardq.coordination.kubernetes_leases import KubernetesLeaseStore, connect
 from shardq.coordination.leases import ISR_ANNOTATION, LeaseConflict, LeaseRecord, LeaseStore
 from shardq.coordination.local_leases import LocalLeaseStore
+from tests.support.servers import wait_for
 
 # Wall-clock milliseconds with a sub-second part, so a store that kept only seconds fails.
 T0 = 1_763_771_298_123
@@ -189,6 +189,11 @@ class LeaseStoreContract:
         assert store.list("orders-") == [store.get("orders-0"), store.get("orders-1")]
 
 
+def changed_since(store: LeaseStore, name: str, version: str) -> LeaseRecord | None:
+    seen = store.get(name)
+    return seen if seen is not None and seen.version != version else None
+
+
 class TestLocalLeaseStore(LeaseStoreContract):
     @pytest.fixture
     def path(self, tmp_path: pathlib.Path) -> pathlib.Path:
@@ -264,15 +269,24 @@ def take_over_in_another_process(
 
 @pytest.mark.controlplane
 class TestKubernetesLeaseStore(LeaseStoreContract):
-    @pytest.fixture
-    def store(self, api_client: client.ApiClient, namespace: str) -> LeaseStore:
-        return KubernetesLeaseStore(api_client, namespace=namespace)
+    """Reads served from the store's watch (how servers and the operator use it)."""
+
+    watch = True
 
     @pytest.fixture
-    def rival_store(self, control_plane: ControlPlane, namespace: str) -> Iterator[LeaseStore]:
+    def store(self, api_client: client.ApiClient, namespace: str) -> Iterator[KubernetesLeaseStore]:
+        store = KubernetesLeaseStore(api_client, namespace=namespace, watch=self.watch)
+        assert not self.watch or store.wait_until_watching(10)
+        yield store
+        store.close()
+
+    @pytest.fixture
+    def rival_store(self, kubeconfig: pathlib.Path, namespace: str) -> Iterator[LeaseStore]:
         # Its own client and connection pool, as another pod would have.
-        with control_plane.api_client() as api:
-            yield KubernetesLeaseStore(api, namespace=namespace)
+        with connect(kubeconfig=kubeconfig) as api:
+            rival = KubernetesLeaseStore(api, namespace=namespace, watch=self.watch)
+            yield rival
+            rival.close()
 
     def test_update_keeps_labels_and_owners_set_by_others(
         self, store: LeaseStore, api_client: client.ApiClient, namespace: str
@@ -289,9 +303,8 @@ class TestKubernetesLeaseStore(LeaseStoreContract):
             namespace,
             {"metadata": {"labels": {"shardq.io/queue": "orders"}, "ownerReferences": [owner]}},
         )
-        seen = store.get("orders-0")
-        assert seen is not None
-        assert seen.version != created.version
+        # A change made by another writer reaches a watching store one event later.
+        seen = wait_for(lambda: changed_since(store, "orders-0", created.version), timeout=10, what="the patch")
 
         store.update(build_takeover(seen, new_holder="server-1", now_ms=T0, duration_ms=DURATION_MS))
 
@@ -311,3 +324,10 @@ class TestKubernetesLeaseStore(LeaseStoreContract):
         store.create(fresh("orders-0"))
 
         assert [record.name for record in store.list("orders-")] == ["orders-0"]
+
+
+@pytest.mark.controlplane
+class TestKubernetesLeaseStoreWithoutWatch(TestKubernetesLeaseStore):
+    """Every read a GET: what servers did before the watch (`--no-lease-watch`)."""
+
+    watch = False

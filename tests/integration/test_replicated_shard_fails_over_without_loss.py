@@ -51,6 +51,16 @@ def drain(client: Client) -> dict[bytes, str]:
 
 @pytest.mark.timeout(120)
 def test_replicated_shard_fails_over_without_loss(cluster: Cluster) -> None:
+    fail_over_and_check(cluster)
+
+
+@pytest.mark.controlplane
+@pytest.mark.timeout(120)
+def test_replicated_shard_fails_over_without_loss_on_kubernetes_leases(kubernetes_cluster: Cluster) -> None:
+    fail_over_and_check(kubernetes_cluster)
+
+
+def fail_over_and_check(cluster: Cluster) -> None:
     # One client throughout: its shard map goes stale at the failover and must refresh.
     with Client(cluster.endpoint("s3")) as client:
         first = [f"before-{i}".encode() for i in range(60)]
@@ -69,10 +79,10 @@ def test_replicated_shard_fails_over_without_loss(cluster: Cluster) -> None:
             lease = cluster.leader_of(0)
             return lease if is_expired(lease, int(time.time() * 1000)) else None
 
-        expired = wait_for(expired_lease, timeout=10, what="the dead leader's lease to expire")
+        expired = wait_for(expired_lease, timeout=20, what="the dead leader's lease to expire")
         candidate = sorted(isr_of(expired) - {"s1"})[0]
         cluster.leases.update(
-            build_takeover(expired, new_holder=candidate, now_ms=int(time.time() * 1000), duration_ms=LEASE_MS)
+            build_takeover(expired, new_holder=candidate, now_ms=int(time.time() * 1000), duration_ms=cluster.lease_ms)
         )
 
         after = [f"after-{i}".encode() for i in range(20)]

@@ -7,6 +7,7 @@ operator would (lease compare-and-swap), so each test controls the timing.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import signal
@@ -22,6 +23,7 @@ from shardq.coordination.cluster_map import (
     lease_name,
     write_cluster_map,
 )
+from shardq.coordination.kubernetes_leases import KubernetesLeaseStore, connect
 from shardq.coordination.leases import LeaseConflict, LeaseRecord, LeaseStore
 from shardq.coordination.local_leases import LocalLeaseStore
 from shardq.coordination.placement import ShardId
@@ -33,6 +35,20 @@ SERVERS = ("s1", "s2", "s3")
 PLACEMENT = [["s1", "s2", "s3"], ["s2", "s3", "s1"]]
 
 
+@dataclasses.dataclass(frozen=True)
+class KubernetesLeases:
+    """Where a cluster's shard leases live when they are Lease objects."""
+
+    kubeconfig: pathlib.Path
+    namespace: str
+    # Whether the servers read Leases from a watch (the default) or with a GET per read.
+    watch: bool = True
+
+    def store(self) -> KubernetesLeaseStore:
+        # Direct reads: the test plays the supervisor, and sees each write at once.
+        return KubernetesLeaseStore(connect(kubeconfig=self.kubeconfig), namespace=self.namespace, watch=False)
+
+
 class Cluster:
     def __init__(
         self,
@@ -40,15 +56,29 @@ class Cluster:
         *,
         placement: list[list[str]] | None = None,
         spec: dict[str, object] | None = None,
+        lease_ms: int = LEASE_MS,
+        kubernetes: KubernetesLeases | None = None,
     ) -> None:
+        """A local lease file by default; with `kubernetes`, Lease objects in its namespace."""
         self.root = root
+        self.lease_ms = lease_ms
+        self.kubernetes = kubernetes
         self.placement = placement or PLACEMENT
         servers = sorted({server for replicas in self.placement for server in replicas})
         self.servers = servers
         self.ports = {server: free_port() for server in servers}
         self.metrics_ports = {server: free_port() for server in servers}
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
-        self.leases = LocalLeaseStore(root / "leases.lmdb")
+        self.leases: LeaseStore
+        if kubernetes is None:
+            self.leases = self._local = LocalLeaseStore(root / "leases.lmdb")
+            self.lease_store_args = ["--lease-store", str(root / "leases.lmdb")]
+        else:
+            self.leases = self._kubernetes = kubernetes.store()
+            self.lease_store_args = [
+                "--lease-store", "kubernetes", "--kubeconfig", str(kubernetes.kubeconfig),
+                "--namespace", kubernetes.namespace, *(() if kubernetes.watch else ("--no-lease-watch",)),
+            ]  # fmt: skip
         self.cluster_file = root / CLUSTER_FILE
         self.cluster_map = seed_cluster(
             self.cluster_file,
@@ -58,7 +88,7 @@ class Cluster:
                 "orders", {"shards": len(self.placement), "replicas": len(self.placement[0]), **(spec or {})}
             ),
             placement=self.placement,
-            lease_duration_ms=LEASE_MS,
+            lease_duration_ms=lease_ms,
         )
 
     def endpoint(self, server: str) -> str:
@@ -69,7 +99,7 @@ class Cluster:
         command = [
             sys.executable, "-m", "shardq", "serve",
             "--cluster-file", str(self.cluster_file), "--server-id", server,
-            "--lease-store", str(self.root / "leases.lmdb"), "--data-dir", str(self.root / server),
+            *self.lease_store_args, "--data-dir", str(self.root / server),
             "--port", str(self.ports[server]), "--metrics-port", str(self.metrics_ports[server]),
             "--log-format", "text",
         ]  # fmt: skip
@@ -94,7 +124,10 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 os.kill(process.pid, signal.SIGKILL)
                 process.wait()
-        self.leases.close()
+        if self.kubernetes is None:
+            self._local.close()
+        else:
+            self._kubernetes.close()
 
     def leader_of(self, shard: int) -> LeaseRecord:
         lease = self.leases.get(lease_name(ShardId("orders", shard)))

@@ -44,7 +44,8 @@ def test_a_name_that_is_not_a_dns_label_maps_to_a_valid_object_name(queue: str) 
     name = lease_name(ShardId(queue, 3))
     assert is_object_name(name), name
     label, _, index = name.rpartition(".")
-    assert DNS_LABEL.fullmatch(label) and index == "3"
+    assert DNS_LABEL.fullmatch(label)
+    assert index == "3"
     assert lease_name(ShardId(queue, 3)) == name  # deterministic: every reader finds the same Lease
 
 
@@ -74,7 +75,8 @@ def test_the_map_round_trips_through_its_file(tmp_path: pathlib.Path) -> None:
     read = read_cluster_map(write_cluster_map(tmp_path / "cluster.json", cluster))
     assert read == cluster
     assert read.shards_on("s2", "orders") == [i for i, r in enumerate(cluster.placement["orders"]) if "s2" in r]
-    assert read.address_of("s3") == "10.0.0.3:7600" and read.address_of("nobody") == ""
+    assert read.address_of("s3") == "10.0.0.3:7600"
+    assert read.address_of("nobody") == ""
     assert [config.name for config in read.queue_configs()] == ["orders", "orders-dlq"]
 
 
@@ -87,7 +89,8 @@ def test_a_map_without_metrics_addresses_or_lease_duration_still_parses() -> Non
         }
     )
     cluster = cluster_map_from_text(text)
-    assert cluster.servers["s1"].metrics_address == "" and cluster.lease_duration_ms > 0
+    assert cluster.servers["s1"].metrics_address == ""
+    assert cluster.lease_duration_ms > 0
 
 
 @pytest.mark.parametrize(
