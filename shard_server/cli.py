@@ -136,6 +136,7 @@ def serve_command(
             map_size=size,
             writer_threads=writer_threads,
             cluster=cluster,
+            cluster_file=cluster_file,
             server_id=server_id,
             lease_store=leases,
             queues_managed_by=queues_managed_by,

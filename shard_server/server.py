@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import logging
 import pathlib
 import signal
@@ -21,8 +20,9 @@ from shard_server import metrics
 from shard_server.runtime.committing import wall_clock_ms
 from shard_server.runtime.forwarding import Router
 from shard_server.runtime.hosting import QueueHost
+from shard_server.runtime.map_following import ClusterMapFile, ClusterMapFollower, Replicas
 from shard_server.runtime.queue_admin import QueueAdmin, runtime_configs
-from shard_server.runtime.replicating import PeerChannels, ShardReplica
+from shard_server.runtime.replicating import PeerChannels
 from shard_server.service.decoding import RejectingUndecodable
 from shard_server.service.exporting import ExportServicer
 from shard_server.service.observing import ObservingInterceptor
@@ -61,6 +61,8 @@ class ServerSettings:
     # Cluster mode: this server's id in the cluster map, and the lease store (local
     # file or Kubernetes Leases; the caller opens and closes it).
     cluster: ClusterMap | None = None
+    # The file the map was read from: followed while the server runs.
+    cluster_file: pathlib.Path | None = None
     server_id: str = ""
     lease_store: LeaseStore | None = None
     # Where the queues are defined when the server must not change them itself (a
@@ -99,11 +101,14 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         router.refresh()
         peers = PeerChannels(settings.cluster)
     catalog = QueueCatalog(settings.data_dir)
+    # Queues defined by --queue/--config; a cluster map's queues are changed through the map.
     static = {config.name for config in settings.queues}
+    if settings.cluster is not None:
+        static -= {queue.name for queue in settings.cluster.queues}
     managed_by = settings.queues_managed_by
-    if managed_by is None and settings.cluster is not None:
-        managed_by = "the cluster map this server was started with (shardq local --queue, or Queue resources)"
-    runtime = runtime_configs(catalog, static) if managed_by is None else []
+    if managed_by is None and settings.cluster is not None and settings.cluster_file is None:
+        managed_by = "the cluster map this server was started with"
+    runtime = runtime_configs(catalog, static) if managed_by is None and settings.cluster is None else []
     host = QueueHost(
         settings.data_dir,
         [*settings.queues, *runtime],
@@ -174,22 +179,24 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
 
     admin.start()
     tasks: list[asyncio.Task[None]] = []
+    replicas: Replicas | None = None
     if settings.cluster is not None:
         assert leases is not None
         assert router is not None
         assert peers is not None
+        replicas = Replicas(server_id=settings.server_id, leases=leases, peers=peers)
         for queue in host.queues.values():
-            for shard in queue.shards:
-                shard.replica = ShardReplica(
-                    shard,
-                    server_id=settings.server_id,
-                    cluster=settings.cluster,
-                    leases=leases,
-                    peers=peers,
-                    reopen=functools.partial(queue.open_environment, shard.index),
-                )
-                tasks.append(asyncio.create_task(shard.replica.run()))
+            replicas.start_queue(queue, settings.cluster)
         tasks.append(asyncio.create_task(router.run()))
+        if settings.cluster_file is not None:
+            follower = ClusterMapFollower(
+                settings.cluster_file, host, replicas, open_hosted=admin.open_hosted, close_hosted=admin.close_hosted
+            )
+            tasks.append(asyncio.create_task(follower.run()))
+            if managed_by is None:
+                # A local cluster: queue management changes the shared map.
+                admin.map_file = ClusterMapFile(settings.cluster_file, leases, now_ms=wall_clock_ms)
+                admin.follower = follower
     await server.start()
     for name in ("", *service_names):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -205,6 +212,8 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if replicas is not None:
+            await replicas.stop_all()
         await admin.stop()
         for queue in host.queues.values():
             for shard in queue.shards:

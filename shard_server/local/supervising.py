@@ -30,7 +30,7 @@ from shard_server.local.processes import (
     stop_servers,
     wall_clock_ms,
 )
-from shardq.coordination.cluster_map import ClusterMap, lease_name
+from shardq.coordination.cluster_map import CLUSTER_FILE, ClusterMap, lease_name, read_cluster_map
 from shardq.coordination.fencing import build_isr_change, build_takeover, isr_of
 from shardq.coordination.leases import LeaseConflict, LeaseRecord, LeaseStore
 from shardq.coordination.takeovers import (
@@ -89,6 +89,7 @@ class Supervisor:
     def __init__(self, *, settings: SupervisorSettings, cluster: ClusterMap, store: LeaseStore) -> None:
         self.settings = settings
         self.cluster = cluster
+        self._map_stamp = 0
         self.store = store
         self.servers = {
             server_id: ManagedServer(
@@ -127,7 +128,29 @@ class Supervisor:
         self.write_record()
         self.fail_over()
 
+    def follow_cluster_map(self) -> None:
+        """Pick up queues created, deleted or changed at run time (servers write the map)."""
+        path = self.settings.data_dir / CLUSTER_FILE
+        try:
+            stamp = path.stat().st_mtime_ns
+        except OSError:
+            return
+        if stamp == self._map_stamp:
+            return
+        self._map_stamp = stamp
+        try:
+            cluster = read_cluster_map(path)
+        except ValueError as error:
+            logger.error("%s; failovers keep using the map read before", error)
+            return
+        added = sorted({queue.name for queue in cluster.queues} - {queue.name for queue in self.cluster.queues})
+        removed = sorted({queue.name for queue in self.cluster.queues} - {queue.name for queue in cluster.queues})
+        if added or removed:
+            logger.info("cluster map changed: queues added %s, removed %s", added or "none", removed or "none")
+        self.cluster = cluster
+
     def tick(self) -> None:
+        self.follow_cluster_map()
         for server in self.servers.values():
             code = server.check_exited()
             if code is not None:

@@ -900,13 +900,27 @@ class QueueHost:
                 )
 
     def open_queue(self, config: QueueConfig) -> HostedQueue:
-        """Host a queue created at run time (standalone servers only)."""
-        assert self.cluster is None, "a cluster's queues come from its cluster map"
+        """Host a queue created at run time: all its shards when standalone, the shards
+        the cluster map places here in cluster mode (set the new map first)."""
+        if config.name in self.queues:
+            raise ValueError(f"queue {config.name!r} is hosted already")
+        local = None if self.cluster is None else self.cluster.shards_on(self.server_id, config.name)
         queue = HostedQueue(
-            config, self.data_dir / "queues" / config.name, map_size=self.map_size, writers=self.writers
+            config,
+            self.data_dir / "queues" / config.name,
+            map_size=self.map_size,
+            writers=self.writers,
+            local_shards=local,
+            router=self.router,
         )
         self.queues[config.name] = queue
         return queue
+
+    def set_cluster(self, cluster: ClusterMap) -> None:
+        """Run with a new cluster map: routes and peers (new queues are opened apart)."""
+        self.cluster = cluster
+        if self.router is not None:
+            self.router.cluster = cluster
 
     def get(self, name: str) -> HostedQueue:
         queue = self.queues.get(name)

@@ -2,9 +2,11 @@
 
 The queues given on the command line (or in --config) are static: they are
 defined there and changed there. Queues created at run time are persisted in
-the data directory's catalog and opened again at every start. A server whose
-queues are defined elsewhere (a cluster map; later the operator's Queue
-resources) refuses all three operations and names that place.
+the data directory's catalog and opened again at every start. A local
+cluster's servers change the cluster map instead (`ClusterMapFile`), and every
+server of the cluster, this one first, applies the new map. A server whose
+queues are defined elsewhere (the operator's Queue resources) refuses all
+three operations and names that place.
 
 Each hosted queue has background tasks (housekeeping per shard, the
 dead-letter mover); this module starts and stops them with the queue.
@@ -20,7 +22,15 @@ from collections.abc import Callable, Mapping
 
 from shard_server.runtime import background
 from shard_server.runtime.hosting import HostedQueue, QueueHost
+from shard_server.runtime.map_following import ClusterMapFile, ClusterMapFollower
 from shard_server.storage.queue_catalog import QueueCatalog
+from shardq.coordination.cluster_map import (
+    ClusterMap,
+    QueueEntry,
+    with_queue_added,
+    with_queue_changed,
+    with_queue_removed,
+)
 from shardq.errors import InvalidArgument, QueueExists, QueueInUse, QueueManagedElsewhere
 from shardq.queues import QueueConfig, check_queue_name, queue_config_from_spec
 
@@ -28,6 +38,8 @@ log = logging.getLogger(__name__)
 
 # Settings fixed at creation: changing them would move messages between shards
 # or change the queue's ordering promise.
+# How long CreateQueue in a cluster waits for the new shards' leaders to serve.
+LEADERS_WAIT_S = 10.0
 IMMUTABLE_SETTINGS = {"shards": "shards", "fifo": "fifo", "replicas": "replicas"}
 
 
@@ -67,11 +79,41 @@ class QueueAdmin:
         self._start_tasks = start_tasks or functools.partial(_background_tasks, host)
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}
         self._lock = asyncio.Lock()
+        # Cluster mode: the shared map file, and this server's follower of it.
+        self.map_file: ClusterMapFile | None = None
+        self.follower: ClusterMapFollower | None = None
+
+    def open_hosted(self, queue: HostedQueue) -> None:
+        """Start the background tasks of a queue just opened."""
+        self._tasks[queue.config.name] = self._start_tasks(queue)
+
+    async def close_hosted(self, name: str) -> int:
+        """Stop hosting queue `name` and delete its data here; how many messages it held here."""
+        queue = self.host.queues.pop(name)
+        messages = sum(shard.message_count() for shard in queue.shards)
+        tasks = self._tasks.pop(name, [])
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        queue.wake()  # long polls end (and find the queue gone)
+        await queue.close()
+        await asyncio.to_thread(shutil.rmtree, queue.directory, True)
+        return messages
+
+    async def _change_map(self, change: Callable[[ClusterMap], ClusterMap]) -> None:
+        """Write the changed map (under the file's lock) and apply it here before answering."""
+        assert self.map_file is not None
+        assert self.follower is not None
+        try:
+            cluster = await asyncio.to_thread(self.map_file.change, change)
+        except ValueError as error:
+            raise InvalidArgument("settings", str(error)) from None
+        await self.follower.apply(cluster)
 
     def start(self) -> None:
         """Start every hosted queue's background tasks."""
-        for name, queue in self.host.queues.items():
-            self._tasks[name] = self._start_tasks(queue)
+        for queue in self.host.queues.values():
+            self.open_hosted(queue)
 
     async def stop(self) -> None:
         tasks = [task for tasks in self._tasks.values() for task in tasks]
@@ -104,6 +146,15 @@ class QueueAdmin:
                 if existing.config != config:
                     raise QueueExists(name)
                 return existing, False
+            if self.map_file is not None:
+                await self._change_map(functools.partial(with_queue_added, queue=QueueEntry(name, dict(settings))))
+                log.info("created queue %s in the cluster map", name)
+                created = self.host.get(name)
+                assert self.follower is not None
+                assert self.host.router is not None
+                if not await self.follower.replicas.wait_until_led(created, self.host.router, timeout_s=LEADERS_WAIT_S):
+                    log.warning("queue %s: not every shard had a serving leader after %.0f s", name, LEADERS_WAIT_S)
+                return created, True
             saved = self.catalog.load()
             saved[name] = dict(settings)
             queue = await asyncio.to_thread(self.host.open_queue, config)
@@ -123,15 +174,12 @@ class QueueAdmin:
         if users:
             raise QueueInUse(f"queue {name!r} is the dead-letter queue of {', '.join(users)}: change those first")
         async with self._lock:
-            messages = sum(shard.message_count() for shard in queue.shards)
-            del self.host.queues[name]
-            tasks = self._tasks.pop(name, [])
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            queue.wake()  # long polls end (and find the queue gone)
-            await queue.close()
-            await asyncio.to_thread(shutil.rmtree, queue.directory, True)
+            if self.map_file is not None:
+                messages = sum(shard.message_count() for shard in queue.shards)
+                await self._change_map(functools.partial(with_queue_removed, name=name))
+                log.info("deleted queue %s from the cluster map", name)
+                return messages
+            messages = await self.close_hosted(name)
             saved = self.catalog.load()
             saved.pop(name, None)
             self.catalog.save(saved)
@@ -143,6 +191,8 @@ class QueueAdmin:
         queue = self.host.get(name)
         self._refuse_if_static("change", name)
         async with self._lock:
+            if self.map_file is not None:
+                return await self._change_settings_in_map(queue, settings)
             saved = self.catalog.load()
             merged = {**saved.get(name, {}), **settings}
             config = parse_settings(name, merged)
@@ -160,6 +210,19 @@ class QueueAdmin:
             queue.config = config
         log.info("changed queue %s: %s", name, ", ".join(f"{k}={v}" for k, v in sorted(settings.items())))
         return queue
+
+    async def _change_settings_in_map(self, queue: HostedQueue, settings: Mapping[str, str]) -> HostedQueue:
+        name = queue.config.name
+        cluster = self.host.cluster
+        assert cluster is not None
+        current = next(entry for entry in cluster.queues if entry.name == name)
+        merged = {**current.spec, **settings}
+        parse_settings(name, merged)
+        await self._change_map(functools.partial(with_queue_changed, queue=QueueEntry(name, merged)))
+        log.info(
+            "changed queue %s in the cluster map: %s", name, ", ".join(f"{k}={v}" for k, v in sorted(settings.items()))
+        )
+        return self.host.get(name)
 
 
 def _background_tasks(host: QueueHost, queue: HostedQueue) -> list[asyncio.Task[None]]:

@@ -82,14 +82,14 @@ class PeerChannels:
     """One gRPC channel per peer server, shared by every replica of this server."""
 
     def __init__(self, cluster: ClusterMap) -> None:
-        self._cluster = cluster
+        self.cluster = cluster
         self._stubs: dict[str, replication_pb2_grpc.ReplicationServiceAsyncStub] = {}
         self._channels: list[grpc.aio.Channel] = []
 
     def stub(self, server_id: str) -> replication_pb2_grpc.ReplicationServiceAsyncStub:
         stub = self._stubs.get(server_id)
         if stub is None:
-            channel = grpc.aio.insecure_channel(self._cluster.servers[server_id].address, options=PEER_CHANNEL_OPTIONS)
+            channel = grpc.aio.insecure_channel(self.cluster.servers[server_id].address, options=PEER_CHANNEL_OPTIONS)
             self._channels.append(channel)
             stub = self._stubs[server_id] = replication_pb2_grpc.ReplicationServiceStub(channel)
         return stub

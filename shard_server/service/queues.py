@@ -270,7 +270,13 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
     async def DeleteQueue(
         self, request: queue_pb2.DeleteQueueRequest, context: Context
     ) -> queue_pb2.DeleteQueueResponse:
-        return queue_pb2.DeleteQueueResponse(messages_deleted=await self.admin.delete(request.queue))
+        queue = self.host.get(request.queue)
+        if queue.router is None:
+            return queue_pb2.DeleteQueueResponse(messages_deleted=await self.admin.delete(request.queue))
+        # In a cluster this server holds some shards (or none): count on every leader first.
+        held = await self.GetQueueAttributes(queue_pb2.GetQueueAttributesRequest(queue=request.queue), context)
+        await self.admin.delete(request.queue)
+        return queue_pb2.DeleteQueueResponse(messages_deleted=held.visible + held.in_flight + held.delayed)
 
     @unary("SetQueueAttributes")
     async def SetQueueAttributes(

@@ -206,3 +206,88 @@ def write_cluster_map(path: pathlib.Path, cluster: ClusterMap) -> pathlib.Path:
     scratch.write_text(cluster_map_to_text(cluster))
     os.replace(scratch, path)
     return path
+
+
+# Settings fixed when a queue is created: changing them would move messages between
+# shards, change the queue's ordering promise, or its replica placement.
+IMMUTABLE_SETTINGS = ("shards", "fifo", "replicas")
+
+
+def with_queue_added(cluster: ClusterMap, queue: QueueEntry) -> ClusterMap:
+    """The map with `queue` placed on its servers by the shared planner.
+
+    Raises ValueError if a queue of that name exists or the queue cannot be placed.
+    """
+    if any(existing.name == queue.name for existing in cluster.queues):
+        raise ValueError(f"queue {queue.name!r} exists already")
+    placement = {**cluster.placement, **place_queues([queue], list(cluster.servers))}
+    return dataclasses.replace(cluster, queues=[*cluster.queues, queue], placement=placement)
+
+
+def with_queue_removed(cluster: ClusterMap, name: str) -> ClusterMap:
+    """The map without queue `name`; a queue that names it as dead-letter queue keeps it."""
+    users = sorted(queue.name for queue in cluster.queues if queue.config.dead_letter_queue == name)
+    if users:
+        raise ValueError(f"queue {name!r} is the dead-letter queue of {', '.join(users)}: change those first")
+    if all(queue.name != name for queue in cluster.queues):
+        raise ValueError(f"queue {name!r} is not in the cluster map")
+    placement = {queue: shards for queue, shards in cluster.placement.items() if queue != name}
+    return dataclasses.replace(
+        cluster, queues=[queue for queue in cluster.queues if queue.name != name], placement=placement
+    )
+
+
+def with_queue_changed(cluster: ClusterMap, queue: QueueEntry) -> ClusterMap:
+    """The map with `queue`'s settings replaced; settings fixed at creation may not change."""
+    current = next((entry for entry in cluster.queues if entry.name == queue.name), None)
+    if current is None:
+        raise ValueError(f"queue {queue.name!r} is not in the cluster map")
+    before, after = current.config, queue.config
+    fixed = [setting for setting in IMMUTABLE_SETTINGS if getattr(before, setting) != getattr(after, setting)]
+    if fixed:
+        raise ValueError(f"{', '.join(fixed)} cannot change after a queue is created (create another queue)")
+    return dataclasses.replace(
+        cluster, queues=[queue if entry.name == queue.name else entry for entry in cluster.queues]
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MapChange:
+    """What a server must do when the map it runs with is replaced by another."""
+
+    added: list[QueueEntry]
+    removed: list[str]
+    # Same queue, other settings (only those that may change: see IMMUTABLE_SETTINGS).
+    changed: list[QueueEntry]
+    # Queues whose shards, ordering or placement changed: a running server cannot apply
+    # that (moving replicas is the operator's job), so it keeps the old and says so.
+    refused: dict[str, str]
+
+    @property
+    def empty(self) -> bool:
+        return not (self.added or self.removed or self.changed or self.refused)
+
+
+def change_between(old: ClusterMap, new: ClusterMap) -> MapChange:
+    """How `new` differs from `old`, queue by queue."""
+    before = {queue.name: queue for queue in old.queues}
+    after = {queue.name: queue for queue in new.queues}
+    changed: list[QueueEntry] = []
+    refused: dict[str, str] = {}
+    for name in sorted(before.keys() & after.keys()):
+        if before[name].spec == after[name].spec and old.placement.get(name) == new.placement.get(name):
+            continue
+        was, now = before[name].config, after[name].config
+        fixed = [setting for setting in IMMUTABLE_SETTINGS if getattr(was, setting) != getattr(now, setting)]
+        if fixed:
+            refused[name] = f"{', '.join(fixed)} cannot change on a running queue"
+        elif old.placement.get(name) != new.placement.get(name):
+            refused[name] = "its replicas moved (a running server does not move replicas yet)"
+        else:
+            changed.append(after[name])
+    return MapChange(
+        added=[after[name] for name in sorted(after.keys() - before.keys())],
+        removed=sorted(before.keys() - after.keys()),
+        changed=changed,
+        refused=refused,
+    )

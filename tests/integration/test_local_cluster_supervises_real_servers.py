@@ -23,7 +23,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from shard_server.local.processes import is_cluster_server, process_is_alive
-from shardq import Client
+from shardq import Client, ShardqError
 from shardq.coordination.fencing import isr_of
 from shardq.coordination.leases import LeaseRecord
 from shardq.coordination.local_leases import LocalLeaseStore
@@ -374,3 +374,133 @@ def test_leadership_moves_off_a_server_that_leads_more_than_its_share_of_load(cl
         assert after[name].transitions == before[name].transitions + 1, name
         assert "s1" in isr_of(before[name]), name
     assert "(rebalance)" in cluster.stderr_path.read_text()
+
+
+def endpoints(cluster: LocalCluster) -> list[str]:
+    return [f"127.0.0.1:{cluster.base_port + offset}" for offset in range(SERVERS)]
+
+
+def every_server_lists(cluster: LocalCluster, queue: str, *, present: bool) -> bool:
+    for endpoint in endpoints(cluster):
+        with Client(endpoint) as client:
+            if (queue in client.list_queues()) != present:
+                return False
+    return True
+
+
+def test_a_queue_created_through_one_server_reaches_every_server_and_the_supervisor(cluster: LocalCluster) -> None:
+    cluster.up()
+    first, second, third = endpoints(cluster)
+    with Client(first) as client:
+        client.create_queue("payments", {"shards": "2", "replicas": "3"})
+
+    placement = cluster.cluster_file()["placement"]["payments"]
+    assert len(placement) == 2
+    assert all(sorted(replicas) == ["s1", "s2", "s3"] for replicas in placement)
+    with LocalLeaseStore(cluster.data_dir / "leases.lmdb") as store:
+        leases = {lease.name: lease for lease in store.list("payments.")}
+    assert {name: lease.holder for name, lease in leases.items()} == {
+        f"payments.{index}": replicas[0] for index, replicas in enumerate(placement)
+    }
+    wait_for(lambda: every_server_lists(cluster, "payments", present=True), timeout=15, what="payments everywhere")
+
+    bodies = {f"payment {number}".encode() for number in range(30)}
+    with Client(third) as producer:
+        for body in sorted(bodies):
+            producer.send("payments", body)
+    received: set[bytes] = set()
+    with Client(second) as consumer:
+
+        def drained() -> bool:
+            for message in consumer.receive_messages("payments", max_messages=10, wait_time_ms=200):
+                received.add(message.body)
+                consumer.delete_messages("payments", [message.receipt])
+            return received == bodies
+
+        wait_for(drained, timeout=30, what="every payment received through another server")
+
+    # The supervisor follows the map: the new queue's shards fail over like the others.
+    victim = leases["payments.0"].holder
+    os.kill(cluster.server_pid(victim), signal.SIGKILL)
+
+    def failed_over() -> LeaseRecord | None:
+        with LocalLeaseStore(cluster.data_dir / "leases.lmdb") as store:
+            lease = store.get("payments.0")
+        return lease if lease is not None and lease.holder != victim else None
+
+    taken = wait_for(failed_over, timeout=20, what=f"payments.0 failing over from {victim}\n{cluster.output()}")
+    assert taken.transitions == leases["payments.0"].transitions + 1
+    assert "queues added ['payments']" in cluster.stderr_path.read_text()
+
+
+def test_settings_changes_and_deletion_reach_every_server_and_a_recreated_queue_opens_new_epochs(
+    cluster: LocalCluster,
+) -> None:
+    cluster.up()
+    first, second, third = endpoints(cluster)
+    with Client(first) as client:
+        client.create_queue("audit", {"shards": "1", "visibility_timeout": "30s"})
+        client.send("audit", b"kept until deleted")
+    wait_for(lambda: every_server_lists(cluster, "audit", present=True), timeout=15, what="audit everywhere")
+
+    with Client(second) as client:
+        client.set_queue_attributes("audit", {"visibility_timeout": "45s"})
+        with pytest.raises(ShardqError, match="cannot change"):
+            client.set_queue_attributes("audit", {"shards": "4"})
+
+    def every_server_sees_45s() -> bool:
+        for endpoint in endpoints(cluster):
+            with Client(endpoint) as client:
+                if client.queue_settings("audit").get("visibility_timeout_ms") != 45_000:
+                    return False
+        return True
+
+    wait_for(every_server_sees_45s, timeout=15, what="the new visibility timeout on every server")
+    assert cluster.cluster_file()["queues"][-1]["spec"] == {"shards": "1", "visibility_timeout": "45s"}
+
+    with LocalLeaseStore(cluster.data_dir / "leases.lmdb") as store:
+        epoch_before = store.get("audit.0")
+    assert epoch_before is not None
+    with Client(third) as client:
+        assert client.delete_queue("audit") == 1
+    wait_for(lambda: every_server_lists(cluster, "audit", present=False), timeout=15, what="audit gone everywhere")
+    assert "audit" not in cluster.cluster_file()["placement"]
+    wait_for(
+        lambda: not any((cluster.data_dir / "servers" / s / "queues" / "audit").exists() for s in ("s1", "s2", "s3")),
+        timeout=15,
+        what="audit's data removed on every server",
+    )
+
+    with Client(first) as client:
+        client.create_queue("audit", {"shards": "1"})
+        wait_for(lambda: every_server_lists(cluster, "audit", present=True), timeout=15, what="audit again")
+        assert client.receive_messages("audit", max_messages=10, wait_time_ms=500) == []
+    with LocalLeaseStore(cluster.data_dir / "leases.lmdb") as store:
+        epoch_after = store.get("audit.0")
+    assert epoch_after is not None
+    assert epoch_after.transitions > epoch_before.transitions
+
+
+def test_a_broken_or_impossible_map_edit_leaves_the_servers_running_as_they_were(cluster: LocalCluster) -> None:
+    cluster.up()
+    path = cluster.data_dir / "cluster.json"
+    good = path.read_text()
+    pids = {server: cluster.server_pid(server) for server in ("s1", "s2", "s3")}
+    with Client(endpoints(cluster)[0]) as client:
+        client.send("orders", b"before")
+        path.write_text("{not json")
+        time.sleep(2.5)  # servers read the map once a second
+        client.send("orders", b"while broken")
+        shrunk = json.loads(good)
+        shrunk["queues"][0]["spec"]["shards"] = 2
+        shrunk["placement"]["orders"] = shrunk["placement"]["orders"][:2]
+        path.write_text(json.dumps(shrunk))
+        time.sleep(2.5)
+        client.send("orders", b"after")
+        assert len(client.describe("orders")) == 4  # the shard count did not change under a running queue
+    assert {server: cluster.server_pid(server) for server in pids} == pids  # nobody restarted
+    assert all(process_is_alive(pid) for pid in pids.values())
+    for server in pids:
+        log = (cluster.data_dir / "logs" / f"{server}.log").read_text()
+        assert "is not valid" in log, server
+        assert "queue orders not changed: shards cannot change on a running queue" in log, server

@@ -60,6 +60,7 @@ class Cluster:
         kubernetes: KubernetesLeases | None = None,
     ) -> None:
         """A local lease file by default; with `kubernetes`, Lease objects in its namespace."""
+        root.mkdir(parents=True, exist_ok=True)
         self.root = root
         self.lease_ms = lease_ms
         self.kubernetes = kubernetes

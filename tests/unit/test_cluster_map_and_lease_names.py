@@ -14,12 +14,16 @@ from shardq.coordination.cluster_map import (
     ClusterMap,
     QueueEntry,
     ServerEntry,
+    change_between,
     cluster_map_from_text,
     cluster_map_to_text,
     lease_label,
     lease_name,
     place_queues,
     read_cluster_map,
+    with_queue_added,
+    with_queue_changed,
+    with_queue_removed,
     write_cluster_map,
 )
 from shardq.coordination.placement import ShardId
@@ -115,3 +119,64 @@ def test_text_that_is_not_json_is_refused() -> None:
         cluster_map_from_text("{servers")
     with pytest.raises(ValueError, match="top level"):
         cluster_map_from_text("[]")
+
+
+def test_an_added_queue_is_placed_on_the_servers_and_a_name_can_be_used_once() -> None:
+    cluster = sample_map()
+    grown = with_queue_added(cluster, QueueEntry("payments", {"shards": 2, "replicas": 2}))
+    assert [queue.name for queue in grown.queues] == ["orders", "orders-dlq", "payments"]
+    assert len(grown.placement["payments"]) == 2
+    assert all(
+        len(set(replicas)) == 2 and set(replicas) <= set(cluster.servers) for replicas in grown.placement["payments"]
+    )
+    assert grown.placement["orders"] == cluster.placement["orders"]  # nothing else moves
+    with pytest.raises(ValueError, match="exists already"):
+        with_queue_added(grown, QueueEntry("payments", {}))
+    with pytest.raises(ValueError, match="payments"):
+        with_queue_added(cluster, QueueEntry("payments", {"replicas": 4}))  # more replicas than servers
+
+
+def test_a_dead_letter_queue_in_use_is_not_removed() -> None:
+    cluster = sample_map()
+    with_dlq = with_queue_changed(
+        cluster,
+        QueueEntry("orders", {"shards": 4, "replicas": 3, "dead_letter_queue": "orders-dlq", "max_receive_count": 3}),
+    )
+    with pytest.raises(ValueError, match="dead-letter queue of orders"):
+        with_queue_removed(with_dlq, "orders-dlq")
+    without = with_queue_removed(cluster, "orders-dlq")
+    assert [queue.name for queue in without.queues] == ["orders"]
+    assert "orders-dlq" not in without.placement
+    with pytest.raises(ValueError, match="not in the cluster map"):
+        with_queue_removed(without, "orders-dlq")
+
+
+@pytest.mark.parametrize(("setting", "value"), [("shards", 8), ("fifo", True), ("replicas", 2)])
+def test_settings_fixed_at_creation_cannot_change(setting: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"{setting} cannot change"):
+        with_queue_changed(sample_map(), QueueEntry("orders", {"shards": 4, "replicas": 3, setting: value}))
+
+
+def test_the_change_between_two_maps_names_what_a_server_must_do() -> None:
+    old = sample_map()
+    new = with_queue_added(with_queue_removed(old, "orders-dlq"), QueueEntry("audit", {}))
+    new = with_queue_changed(new, QueueEntry("orders", {"shards": 4, "replicas": 3, "visibility_timeout": "45s"}))
+    change = change_between(old, new)
+    assert [queue.name for queue in change.added] == ["audit"]
+    assert change.removed == ["orders-dlq"]
+    assert [queue.name for queue in change.changed] == ["orders"]
+    assert change.refused == {}
+    assert change_between(new, new).empty
+
+
+def test_a_change_a_running_server_cannot_make_is_refused_with_its_reason() -> None:
+    old = sample_map()
+    data = json.loads(cluster_map_to_text(old))
+    data["queues"][0]["spec"]["shards"] = 2
+    data["placement"]["orders"] = data["placement"]["orders"][:2]
+    moved = json.loads(cluster_map_to_text(old))
+    moved["placement"]["orders"][0] = list(reversed(moved["placement"]["orders"][0]))
+    assert change_between(old, cluster_map_from_text(json.dumps(data))).refused == {
+        "orders": "shards cannot change on a running queue"
+    }
+    assert "replicas moved" in change_between(old, cluster_map_from_text(json.dumps(moved))).refused["orders"]

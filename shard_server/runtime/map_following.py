@@ -1,0 +1,269 @@
+"""Following the cluster map while the server runs: queues added, removed and changed.
+
+The map is a file: `cluster.json` of a local cluster, or the operator's ConfigMap mounted
+into the pod (the kubelet swaps the file atomically). The server reads it once a second
+and applies what changed without a restart: a new queue's shards placed here are opened
+and their replicas start following their leases; a removed queue's replicas stop and its
+data is deleted; changed settings apply to the next batch. Changes a running server
+cannot make (a queue's shard count, ordering or replica placement) are refused in the log,
+and the queue keeps running as it was.
+
+A local cluster's servers also write the map (runtime queue management), through
+`ClusterMapFile`, which holds a lock around read-change-write and creates the new
+shards' leases before the map names them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import fcntl
+import functools
+import logging
+import pathlib
+from collections.abc import Awaitable, Callable, Iterator
+
+import grpc
+
+from shard_server.runtime.forwarding import Router
+from shard_server.runtime.hosting import HostedQueue, QueueHost
+from shard_server.runtime.replicating import PeerChannels, ShardReplica
+from shardq.api.v1 import replication_pb2
+from shardq.coordination.cluster_map import (
+    ClusterMap,
+    MapChange,
+    change_between,
+    cluster_map_from_text,
+    lease_name,
+    read_cluster_map,
+    write_cluster_map,
+)
+from shardq.coordination.fencing import build_incarnations, build_isr_change, build_takeover
+from shardq.coordination.leases import LeaseConflict, LeaseStore
+from shardq.coordination.placement import ShardId
+from shardq.coordination.takeovers import build_initial_lease
+
+log = logging.getLogger(__name__)
+
+MAP_POLL_S = 1.0
+LEADER_POLL_S = 0.05
+
+
+class Replicas:
+    """Every hosted shard's replica, and the task that runs it."""
+
+    def __init__(self, *, server_id: str, leases: LeaseStore, peers: PeerChannels) -> None:
+        self.server_id = server_id
+        self.leases = leases
+        self.peers = peers
+        self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
+
+    def start_queue(self, queue: HostedQueue, cluster: ClusterMap) -> None:
+        for shard in queue.shards:
+            shard.replica = ShardReplica(
+                shard,
+                server_id=self.server_id,
+                cluster=cluster,
+                leases=self.leases,
+                peers=self.peers,
+                reopen=functools.partial(queue.open_environment, shard.index),
+            )
+            self._tasks[(queue.config.name, shard.index)] = asyncio.create_task(shard.replica.run())
+
+    async def stop_queue(self, queue: HostedQueue) -> None:
+        tasks = [self._tasks.pop((queue.config.name, shard.index), None) for shard in queue.shards]
+        running = [task for task in tasks if task is not None]
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        for shard in queue.shards:
+            if shard.replica is not None:
+                await shard.replica.step_down("the queue was removed from the cluster map")
+
+    def use_cluster(self, cluster: ClusterMap, queues: list[HostedQueue]) -> None:
+        self.peers.cluster = cluster
+        for queue in queues:
+            for shard in queue.shards:
+                if shard.replica is not None:
+                    shard.replica.cluster = cluster
+
+    async def wait_until_led(self, queue: HostedQueue, router: Router, *, timeout_s: float) -> bool:
+        """Wait until every shard of a new queue has a leader that serves it, so the first
+        send after CreateQueue answers is accepted; False if that took longer than `timeout_s`."""
+        name = queue.config.name
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            await asyncio.to_thread(router.refresh)
+            if all([await self._serves(router, name, index) for index in range(queue.config.shards)]):
+                return True
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(LEADER_POLL_S)
+
+    async def _serves(self, router: Router, queue: str, index: int) -> bool:
+        leader, epoch = router.leader_of(queue, index)
+        if not leader:
+            return False
+        try:
+            status = await self.peers.stub(leader).GetReplicaStatus(
+                replication_pb2.GetReplicaStatusRequest(), timeout=LEADER_POLL_S * 20
+            )
+        except grpc.RpcError:
+            return False
+        return any(
+            replica.queue == queue
+            and replica.shard == index
+            and replica.role == replication_pb2.REPLICA_ROLE_LEADER
+            and replica.epoch >= epoch
+            for replica in status.replicas
+        )
+
+    async def stop_all(self) -> None:
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class ClusterMapFollower:
+    def __init__(
+        self,
+        path: pathlib.Path,
+        host: QueueHost,
+        replicas: Replicas,
+        *,
+        open_hosted: Callable[[HostedQueue], None],
+        close_hosted: Callable[[str], Awaitable[int]],
+    ) -> None:
+        self.path = path
+        self.host = host
+        self.replicas = replicas
+        self._open_hosted = open_hosted
+        self._close_hosted = close_hosted
+        self._lock = asyncio.Lock()
+        self._applied_text = ""
+        self._refused_text = ""
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(MAP_POLL_S)
+            try:
+                await self.apply_file()
+            except Exception:
+                log.exception("applying the cluster map %s failed; retrying", self.path)
+
+    async def apply_file(self) -> ClusterMap | None:
+        """Apply the map file if it changed since it was last applied; the map now in force."""
+        try:
+            text = await asyncio.to_thread(self.path.read_text)
+        except OSError as error:
+            log.warning("cannot read the cluster map %s: %s; keeping the one in force", self.path, error.strerror)
+            return None
+        if text in (self._applied_text, self._refused_text):
+            return None
+        try:
+            cluster = cluster_map_from_text(text)
+        except ValueError as error:
+            self._refused_text = text
+            log.error("the cluster map %s is not valid (%s); keeping the one in force", self.path, error)
+            return None
+        await self.apply(cluster)
+        self._applied_text = text
+        return cluster
+
+    async def apply(self, new: ClusterMap) -> None:
+        async with self._lock:
+            old = self.host.cluster
+            assert old is not None, "only a cluster's servers follow a cluster map"
+            change = change_between(old, new)
+            effective = _keeping_refused(old, new, change)
+            for name, reason in change.refused.items():
+                log.error("cluster map: queue %s not changed: %s", name, reason)
+            self.host.set_cluster(effective)
+            self.replicas.use_cluster(effective, list(self.host.queues.values()))
+            for name in change.removed:
+                queue = self.host.queues.get(name)
+                if queue is not None:
+                    await self.replicas.stop_queue(queue)
+                    await self._close_hosted(name)
+                    log.info("cluster map: queue %s removed; its data here is deleted", name)
+            for entry in change.added:
+                queue = await asyncio.to_thread(self.host.open_queue, entry.config)
+                self.replicas.start_queue(queue, effective)
+                self._open_hosted(queue)
+                shards = ", ".join(str(shard.index) for shard in queue.shards) or "none"
+                log.info("cluster map: queue %s added (shards here: %s)", entry.name, shards)
+            for entry in change.changed:
+                # Shards read the config for every batch: the next one uses the new settings.
+                self.host.queues[entry.name].config = entry.config
+                log.info("cluster map: queue %s settings changed", entry.name)
+
+
+def _keeping_refused(old: ClusterMap, new: ClusterMap, change: MapChange) -> ClusterMap:
+    """`new`, except that queues whose change was refused stay as they were in `old`."""
+    if not change.refused:
+        return new
+    old_entries = {queue.name: queue for queue in old.queues}
+    queues = [old_entries[queue.name] if queue.name in change.refused else queue for queue in new.queues]
+    placement = {
+        name: old.placement[name] if name in change.refused else shards for name, shards in new.placement.items()
+    }
+    return dataclasses.replace(new, queues=queues, placement=placement)
+
+
+class ClusterMapFile:
+    """The map file a local cluster's servers share, changed under an exclusive lock.
+
+    A change creates the leases of the shards it adds before it writes the map, so a
+    server that sees a new shard finds its lease. A queue created again under the name
+    of a deleted one continues its leases' epochs: receipts of the old queue never match.
+    """
+
+    def __init__(self, path: pathlib.Path, leases: LeaseStore, *, now_ms: Callable[[], int]) -> None:
+        self.path = path
+        self.leases = leases
+        self._now_ms = now_ms
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self.path.with_name(f".{self.path.name}.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def change(self, edit: Callable[[ClusterMap], ClusterMap]) -> ClusterMap:
+        """Apply `edit` to the map as it is on disk now; the new map (ValueError from
+        `edit` leaves the file as it was)."""
+        with self._locked():
+            current = read_cluster_map(self.path)
+            new = edit(current)
+            known = set(current.shards())
+            for shard in new.shards():
+                if shard not in known:
+                    self._lease_for_new_shard(new, shard.queue, shard.index)
+            write_cluster_map(self.path, new)
+        return new
+
+    def _lease_for_new_shard(self, cluster: ClusterMap, queue: str, index: int) -> None:
+        shard = ShardId(queue, index)
+        replicas = cluster.replicas_of(shard)
+        now = self._now_ms()
+        existing = self.leases.get(lease_name(shard))
+        if existing is None:
+            fresh = build_initial_lease(
+                shard=shard, replicas=replicas, now_ms=now, duration_ms=cluster.lease_duration_ms
+            )
+            try:
+                self.leases.create(fresh)
+                return
+            except LeaseConflict:
+                existing = self.leases.get(lease_name(shard))
+                if existing is None:
+                    raise
+        # The name was used before: a new epoch for new, empty replicas.
+        taken = build_takeover(existing, new_holder=replicas[0], now_ms=now, duration_ms=cluster.lease_duration_ms)
+        self.leases.update(build_incarnations(build_isr_change(taken, replicas), {}))
