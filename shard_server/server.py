@@ -20,9 +20,10 @@ from shard_server import metrics
 from shard_server.runtime.committing import wall_clock_ms
 from shard_server.runtime.forwarding import Router
 from shard_server.runtime.hosting import QueueHost
-from shard_server.runtime.map_following import ClusterMapFile, ClusterMapFollower, Replicas
+from shard_server.runtime.map_following import ClusterMapFile, ClusterMapFollower
 from shard_server.runtime.queue_admin import QueueAdmin, runtime_configs
-from shard_server.runtime.replicating import PeerChannels
+from shard_server.runtime.replication.peers import PeerChannels
+from shard_server.runtime.replication.replicas import Replicas
 from shard_server.service.decoding import RejectingUndecodable
 from shard_server.service.exporting import ExportServicer
 from shard_server.service.observing import ObservingInterceptor
@@ -94,12 +95,14 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
     leases = settings.lease_store
     router: Router | None = None
     peers: PeerChannels | None = None
+    replicas: Replicas | None = None
     if settings.cluster is not None:
         if leases is None or settings.server_id not in settings.cluster.servers:
             raise SystemExit("shardq: cluster mode needs --lease-store and a --server-id listed in the cluster file")
         router = Router(settings.cluster, leases, server_id=settings.server_id)
         router.refresh()
         peers = PeerChannels(settings.cluster)
+        replicas = Replicas(server_id=settings.server_id, leases=leases, peers=peers)
     catalog = QueueCatalog(settings.data_dir)
     # Queues defined by --queue/--config; a cluster map's queues are changed through the map.
     static = {config.name for config in settings.queues}
@@ -138,8 +141,9 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
     replication_servicer = None
     if settings.cluster is not None:
         # Replicas only: a standalone server has no peers, and its clients no business there.
+        assert replicas is not None
         replication_servicer = ReplicationServicer(
-            host, server_id=settings.server_id, address=f"{settings.host}:{settings.port}"
+            replicas, server_id=settings.server_id, address=f"{settings.host}:{settings.port}"
         )
         replication_pb2_grpc.add_ReplicationServiceServicer_to_server(replication_servicer, server)
         service_names.append(replication_pb2.DESCRIPTOR.services_by_name["ReplicationService"].full_name)
@@ -179,12 +183,10 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
 
     admin.start()
     tasks: list[asyncio.Task[None]] = []
-    replicas: Replicas | None = None
     if settings.cluster is not None:
-        assert leases is not None
         assert router is not None
-        assert peers is not None
-        replicas = Replicas(server_id=settings.server_id, leases=leases, peers=peers)
+        assert replicas is not None
+        assert leases is not None
         for queue in host.queues.values():
             replicas.start_queue(queue, settings.cluster)
         tasks.append(asyncio.create_task(router.run()))
@@ -213,12 +215,8 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if replicas is not None:
-            await replicas.stop_all()
+            await replicas.stop_all("shutting down")
         await admin.stop()
-        for queue in host.queues.values():
-            for shard in queue.shards:
-                if shard.replica is not None:
-                    await shard.replica.step_down("shutting down")
         await host.close()
         if peers is not None:
             await peers.close()

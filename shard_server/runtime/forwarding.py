@@ -2,20 +2,27 @@
 
 Any server accepts any request: what it cannot serve itself it forwards to the
 shard's leader, marking the call as forwarded so the leader never forwards it
-again (a stale view then ends in NOT_LEADER instead of a loop).
+again (a stale view then ends in NOT_LEADER instead of a loop). `Router` knows who
+leads what (from the leases); `LeaderCalls` is the only code that calls a leader.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Sequence
+from typing import Protocol
 
 import grpc
 
-from shardq.api.v1 import queue_pb2_grpc
+from shard_server.domain.messages import NewMessage
+from shard_server.domain.sending import SendOutcome
+from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.coordination.cluster_map import ClusterMap, lease_name
 from shardq.coordination.leases import LeaseStore
 from shardq.coordination.placement import ShardId
+from shardq.errors import Reason
+from shardq.status import build_error, error_from_rpc
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +49,7 @@ class Router:
         self._channels: list[grpc.aio.Channel] = []
         # (queue, shard) -> (leader server id, epoch)
         self.routes: dict[tuple[str, int], tuple[str, int]] = {}
+        self.calls = LeaderCalls(self)
 
     def leader_of(self, queue: str, shard: int) -> tuple[str, int]:
         return self.routes.get((queue, shard), ("", 0))
@@ -80,3 +88,125 @@ class Router:
     async def close(self) -> None:
         for channel in self._channels:
             await channel.close()
+
+
+class _EntryResults(Protocol):
+    """The answer of every batch call on receipts."""
+
+    @property
+    def results(self) -> Sequence[queue_pb2.EntryResult]: ...
+
+
+class LeaderCalls:
+    """Every call this server makes to another shard's leader on a client's behalf.
+
+    The one place that speaks the client protocol to peers: requests are built here,
+    marked as forwarded (the leader never forwards them again), and answers and gRPC
+    failures come back as the runtime's own values and errors.
+    """
+
+    def __init__(self, router: Router) -> None:
+        self._router = router
+
+    def _stub(self, leader: str) -> queue_pb2_grpc.QueueServiceAsyncStub:
+        return self._router.stub_for(leader)
+
+    async def send_messages(
+        self, leader: str, queue: str, shard: int, batch: Sequence[NewMessage]
+    ) -> list[SendOutcome]:
+        request = queue_pb2.SendMessagesRequest(
+            queue=queue,
+            shard=shard,
+            messages=[
+                queue_pb2.MessageToSend(
+                    body=m.body, attributes=m.attributes, group_id=m.group_id, dedup_id=m.dedup_id, delay_ms=m.delay_ms
+                )
+                for m in batch
+            ],
+        )
+        try:
+            response = await self._stub(leader).SendMessages(request, metadata=FORWARDED, timeout=30)
+        except grpc.RpcError as error:
+            raise error_from_rpc(error, queue=queue) from None
+        return [
+            SendOutcome(
+                r.message_id,
+                r.seq,
+                r.shard,
+                r.duplicate,
+                build_error(reason=r.error.reason, message=r.error.message) if r.error.reason else None,
+            )
+            for r in response.results
+        ]
+
+    async def receive_messages(
+        self,
+        leader: str,
+        queue: str,
+        *,
+        max_messages: int,
+        visibility_timeout_ms: int = 0,
+        wait_ms: int = 0,
+        shard: int | None = None,
+        peek: bool = False,
+    ) -> list[queue_pb2.ReceivedMessage]:
+        """Messages the leader claimed (or, with `peek`, showed) for this call; they pass
+        through to the client as the leader encoded them."""
+        request = queue_pb2.ReceiveMessagesRequest(
+            queue=queue,
+            max_messages=max_messages,
+            visibility_timeout_ms=visibility_timeout_ms,
+            wait_time_ms=wait_ms,
+            peek=peek,
+        )
+        if shard is not None:
+            request.shard = shard
+        try:
+            response = await self._stub(leader).ReceiveMessages(
+                request, metadata=FORWARDED, timeout=wait_ms / 1000 + 10
+            )
+        except grpc.RpcError as error:
+            raise error_from_rpc(error, queue=queue) from None
+        return list(response.messages)
+
+    async def delete_messages(self, leader: str, queue: str, receipts: Sequence[str]) -> list[Reason | None]:
+        request = queue_pb2.DeleteMessagesRequest(queue=queue, receipts=receipts)
+        return await self._entries(queue, self._stub(leader).DeleteMessages(request, metadata=FORWARDED, timeout=30))
+
+    async def release_messages(
+        self, leader: str, queue: str, receipts: Sequence[str], *, reason: str
+    ) -> list[Reason | None]:
+        request = queue_pb2.ReleaseMessagesRequest(queue=queue, receipts=receipts, reason=reason)
+        return await self._entries(queue, self._stub(leader).ReleaseMessages(request, metadata=FORWARDED, timeout=30))
+
+    async def change_visibility(
+        self, leader: str, queue: str, changes: Sequence[tuple[str, int]]
+    ) -> list[Reason | None]:
+        request = queue_pb2.ChangeVisibilityRequest(
+            queue=queue,
+            changes=[queue_pb2.VisibilityChange(receipt=receipt, visibility_timeout_ms=ms) for receipt, ms in changes],
+        )
+        return await self._entries(queue, self._stub(leader).ChangeVisibility(request, metadata=FORWARDED, timeout=30))
+
+    async def _entries(self, queue: str, call: Awaitable[_EntryResults]) -> list[Reason | None]:
+        try:
+            response = await call
+        except grpc.RpcError as error:
+            raise error_from_rpc(error, queue=queue) from None
+        return [None if r.ok else Reason(r.error.reason) for r in response.results]
+
+    async def purge(self, leader: str, queue: str) -> int:
+        request = queue_pb2.PurgeQueueRequest(queue=queue)
+        try:
+            response = await self._stub(leader).PurgeQueue(request, metadata=FORWARDED, timeout=30)
+        except grpc.RpcError as error:
+            raise error_from_rpc(error, queue=queue) from None
+        return response.purged
+
+    async def queue_attributes(self, leader: str, queue: str, *, timeout_s: float) -> queue_pb2.QueueAttributes:
+        """The counts of the shards `leader` leads (ShardqError if it does not answer)."""
+        request = queue_pb2.GetQueueAttributesRequest(queue=queue)
+        try:
+            return await self._stub(leader).GetQueueAttributes(request, metadata=FORWARDED, timeout=timeout_s)
+        except grpc.RpcError as error:
+            raise error_from_rpc(error, queue=queue) from None

@@ -17,9 +17,8 @@ import pathlib
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-import grpc
 from prometheus_client import Counter
 
 from shard_server import metrics
@@ -30,7 +29,7 @@ from shard_server.domain.receiving import ClaimedMessage
 from shard_server.domain.routing import choose_shard
 from shard_server.domain.sending import SendOutcome
 from shard_server.runtime.committing import CommitReport, GroupCommitter, Work, WriterThreads, wall_clock_ms
-from shard_server.runtime.forwarding import FORWARDED, Router
+from shard_server.runtime.forwarding import LeaderCalls, Router
 from shard_server.storage.closing_gate import EnvironmentClosed
 from shard_server.storage.lmdb_store import (
     DEFAULT_MAP_SIZE,
@@ -43,10 +42,6 @@ from shardq.coordination.cluster_map import ClusterMap
 from shardq.errors import InvalidArgument, NotLeader, QueueNotFound, Reason, ShardqError
 from shardq.queues import QueueConfig, check_queue_name
 from shardq.receipts import MalformedReceipt, Receipt, decode_receipt, encode_receipt
-from shardq.status import build_error, error_from_rpc
-
-if TYPE_CHECKING:
-    from shard_server.runtime.replicating import ShardReplica
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +69,31 @@ class Received:
         return len(self.local) + len(self.remote)
 
 
+class Leadership(Protocol):
+    """What a hosted shard asks its replica (runtime.replication) in cluster mode: whether
+    this server leads it, and when a write is committed on the in-sync replicas."""
+
+    @property
+    def commit_index(self) -> int: ...
+
+    @property
+    def replicas(self) -> Sequence[str]: ...
+
+    @property
+    def isr(self) -> frozenset[str]: ...
+
+    def is_serving(self) -> bool: ...
+
+    def require_serving(self) -> None:
+        """Raise NotLeader (naming the leader) unless this replica serves the shard."""
+
+    async def wait_committed(self, index: int, epoch: int) -> None: ...
+
+    def note_local_commit(self, index: int) -> None: ...
+
+    def follower_lag(self) -> dict[str, int]: ...
+
+
 class HostedShard:
     def __init__(
         self,
@@ -90,7 +110,7 @@ class HostedShard:
         self.environment = environment
         self.epoch = epoch
         # Set in cluster mode: leadership from the shard's lease, and log shipping.
-        self.replica: ShardReplica | None = None
+        self.replica: Leadership | None = None
         with environment.read() as tx:
             self.last_written_index = tx.last_index()
         self._load_window_started = time.monotonic()
@@ -286,11 +306,10 @@ class HostedQueue:
 
     async def _read_remote_depth(self) -> None:
         assert self.router is not None
-        request = queue_pb2.GetQueueAttributesRequest(queue=self.config.name)
         for leader in self.remote_leaders():
             try:
-                answer = await self.router.stub_for(leader).GetQueueAttributes(request, metadata=FORWARDED, timeout=2)
-            except grpc.RpcError:
+                answer = await self.router.calls.queue_attributes(leader, self.config.name, timeout_s=2)
+            except ShardqError:
                 continue  # keep its last report
             for shard in answer.shards:
                 self._remote_depth[shard.shard] = (
@@ -430,30 +449,7 @@ class HostedQueue:
         leader, _ = self.router.leader_of(self.config.name, index)
         if not leader or leader == self.router.server_id:
             raise self.not_leader(index)
-        request = queue_pb2.SendMessagesRequest(
-            queue=self.config.name,
-            shard=index,
-            messages=[
-                queue_pb2.MessageToSend(
-                    body=m.body, attributes=m.attributes, group_id=m.group_id, dedup_id=m.dedup_id, delay_ms=m.delay_ms
-                )
-                for m in batch
-            ],
-        )
-        try:
-            response = await self.router.stub_for(leader).SendMessages(request, metadata=FORWARDED, timeout=30)
-        except grpc.RpcError as error:
-            raise error_from_rpc(error, queue=self.config.name) from None
-        return [
-            SendOutcome(
-                r.message_id,
-                r.seq,
-                r.shard,
-                r.duplicate,
-                build_error(reason=r.error.reason, message=r.error.message) if r.error.reason else None,
-            )
-            for r in response.results
-        ]
+        return await self.router.calls.send_messages(leader, self.config.name, index, batch)
 
     # -- receive -----------------------------------------------------------------
     async def receive(
@@ -531,36 +527,27 @@ class HostedQueue:
 
     async def _peek_remote(self, leader: str, max_messages: int, shard: int | None) -> list[queue_pb2.ReceivedMessage]:
         assert self.router is not None
-        request = queue_pb2.ReceiveMessagesRequest(queue=self.config.name, max_messages=max_messages, peek=True)
-        if shard is not None:
-            request.shard = shard
-        try:
-            response = await self.router.stub_for(leader).ReceiveMessages(request, metadata=FORWARDED, timeout=10)
-        except grpc.RpcError as error:
-            raise error_from_rpc(error, queue=self.config.name) from None
-        return list(response.messages)
+        return await self.router.calls.receive_messages(
+            leader, self.config.name, max_messages=max_messages, shard=shard, peek=True
+        )
 
     async def _receive_remote(
         self, leader: str, max_messages: int, visibility_timeout_ms: int, wait_ms: int, shard: int | None
     ) -> list[queue_pb2.ReceivedMessage]:
         assert self.router is not None
-        request = queue_pb2.ReceiveMessagesRequest(
-            queue=self.config.name,
-            max_messages=max_messages,
-            visibility_timeout_ms=visibility_timeout_ms,
-            wait_time_ms=wait_ms,
-        )
-        if shard is not None:
-            request.shard = shard
         try:
-            response = await self.router.stub_for(leader).ReceiveMessages(
-                request, metadata=FORWARDED, timeout=wait_ms / 1000 + 10
+            return await self.router.calls.receive_messages(
+                leader,
+                self.config.name,
+                max_messages=max_messages,
+                visibility_timeout_ms=visibility_timeout_ms,
+                wait_ms=wait_ms,
+                shard=shard,
             )
-        except grpc.RpcError as error:
+        except ShardqError:
             if shard is not None:
-                raise error_from_rpc(error, queue=self.config.name) from None
+                raise
             return []  # that leader is unreachable: the others may still serve
-        return list(response.messages)
 
     async def _claim_now(
         self, shards: list[HostedShard], max_messages: int, visibility_timeout_ms: int
@@ -697,24 +684,18 @@ class HostedQueue:
                 succeeded_counter(shard).inc(succeeded)
         return results
 
-    async def _forward_entries(self, leader: str, call: str, request: object) -> list[Reason | None]:
+    @property
+    def _calls(self) -> LeaderCalls:
         assert self.router is not None
-        stub = self.router.stub_for(leader)
-        try:
-            response = await getattr(stub, call)(request, metadata=FORWARDED, timeout=30)
-        except grpc.RpcError as error:
-            raise error_from_rpc(error, queue=self.config.name) from None
-        return [None if r.ok else Reason(r.error.reason) for r in response.results]
+        return self.router.calls
 
     async def delete(self, receipts: Sequence[str], *, forwarded: bool = False) -> list[Reason | None]:
         return await self._act_on_receipts(
             receipts,
             lambda tx, context, receipt, _, now: acknowledging.delete_message(tx, context, receipt, now_ms=now),
             lambda shard: shard.deleted,
-            lambda leader, positions: self._forward_entries(
-                leader,
-                "DeleteMessages",
-                queue_pb2.DeleteMessagesRequest(queue=self.config.name, receipts=[receipts[p] for p in positions]),
+            lambda leader, positions: self._calls.delete_messages(
+                leader, self.config.name, [receipts[p] for p in positions]
             ),
             forwarded=forwarded,
         )
@@ -728,12 +709,8 @@ class HostedQueue:
                 tx, context, receipt, now_ms=now, reason=reason
             ),
             lambda shard: shard.released,
-            lambda leader, positions: self._forward_entries(
-                leader,
-                "ReleaseMessages",
-                queue_pb2.ReleaseMessagesRequest(
-                    queue=self.config.name, receipts=[receipts[p] for p in positions], reason=reason
-                ),
+            lambda leader, positions: self._calls.release_messages(
+                leader, self.config.name, [receipts[p] for p in positions], reason=reason
             ),
             forwarded=forwarded,
         )
@@ -748,16 +725,8 @@ class HostedQueue:
                 tx, context, receipt, visibility_timeout_ms=timeouts[position], now_ms=now
             ),
             None,
-            lambda leader, positions: self._forward_entries(
-                leader,
-                "ChangeVisibility",
-                queue_pb2.ChangeVisibilityRequest(
-                    queue=self.config.name,
-                    changes=[
-                        queue_pb2.VisibilityChange(receipt=changes[p][0], visibility_timeout_ms=changes[p][1])
-                        for p in positions
-                    ],
-                ),
+            lambda leader, positions: self._calls.change_visibility(
+                leader, self.config.name, [changes[p] for p in positions]
             ),
             forwarded=forwarded,
         )
@@ -778,13 +747,7 @@ class HostedQueue:
         total = sum(counts)
         if not forwarded and self.router is not None:
             for leader in self.remote_leaders():
-                try:
-                    response = await self.router.stub_for(leader).PurgeQueue(
-                        queue_pb2.PurgeQueueRequest(queue=self.config.name), metadata=FORWARDED, timeout=30
-                    )
-                except grpc.RpcError as error:
-                    raise error_from_rpc(error, queue=self.config.name) from None
-                total += response.purged
+                total += await self.router.calls.purge(leader, self.config.name)
         return total
 
     def stats(self) -> list[tuple[HostedShard, ShardStats]]:

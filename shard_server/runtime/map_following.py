@@ -19,17 +19,12 @@ import asyncio
 import contextlib
 import dataclasses
 import fcntl
-import functools
 import logging
 import pathlib
 from collections.abc import Awaitable, Callable, Iterator
 
-import grpc
-
-from shard_server.runtime.forwarding import Router
 from shard_server.runtime.hosting import HostedQueue, QueueHost
-from shard_server.runtime.replicating import PeerChannels, ShardReplica
-from shardq.api.v1 import replication_pb2
+from shard_server.runtime.replication.replicas import Replicas
 from shardq.coordination.cluster_map import (
     ClusterMap,
     MapChange,
@@ -47,84 +42,6 @@ from shardq.coordination.takeovers import build_initial_lease
 log = logging.getLogger(__name__)
 
 MAP_POLL_S = 1.0
-LEADER_POLL_S = 0.05
-
-
-class Replicas:
-    """Every hosted shard's replica, and the task that runs it."""
-
-    def __init__(self, *, server_id: str, leases: LeaseStore, peers: PeerChannels) -> None:
-        self.server_id = server_id
-        self.leases = leases
-        self.peers = peers
-        self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
-
-    def start_queue(self, queue: HostedQueue, cluster: ClusterMap) -> None:
-        for shard in queue.shards:
-            shard.replica = ShardReplica(
-                shard,
-                server_id=self.server_id,
-                cluster=cluster,
-                leases=self.leases,
-                peers=self.peers,
-                reopen=functools.partial(queue.open_environment, shard.index),
-            )
-            self._tasks[(queue.config.name, shard.index)] = asyncio.create_task(shard.replica.run())
-
-    async def stop_queue(self, queue: HostedQueue) -> None:
-        tasks = [self._tasks.pop((queue.config.name, shard.index), None) for shard in queue.shards]
-        running = [task for task in tasks if task is not None]
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
-        for shard in queue.shards:
-            if shard.replica is not None:
-                await shard.replica.step_down("the queue was removed from the cluster map")
-
-    def use_cluster(self, cluster: ClusterMap, queues: list[HostedQueue]) -> None:
-        self.peers.cluster = cluster
-        for queue in queues:
-            for shard in queue.shards:
-                if shard.replica is not None:
-                    shard.replica.cluster = cluster
-
-    async def wait_until_led(self, queue: HostedQueue, router: Router, *, timeout_s: float) -> bool:
-        """Wait until every shard of a new queue has a leader that serves it, so the first
-        send after CreateQueue answers is accepted; False if that took longer than `timeout_s`."""
-        name = queue.config.name
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while True:
-            await asyncio.to_thread(router.refresh)
-            if all([await self._serves(router, name, index) for index in range(queue.config.shards)]):
-                return True
-            if asyncio.get_running_loop().time() >= deadline:
-                return False
-            await asyncio.sleep(LEADER_POLL_S)
-
-    async def _serves(self, router: Router, queue: str, index: int) -> bool:
-        leader, epoch = router.leader_of(queue, index)
-        if not leader:
-            return False
-        try:
-            status = await self.peers.stub(leader).GetReplicaStatus(
-                replication_pb2.GetReplicaStatusRequest(), timeout=LEADER_POLL_S * 20
-            )
-        except grpc.RpcError:
-            return False
-        return any(
-            replica.queue == queue
-            and replica.shard == index
-            and replica.role == replication_pb2.REPLICA_ROLE_LEADER
-            and replica.epoch >= epoch
-            for replica in status.replicas
-        )
-
-    async def stop_all(self) -> None:
-        tasks = list(self._tasks.values())
-        self._tasks.clear()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class ClusterMapFollower:
@@ -182,7 +99,7 @@ class ClusterMapFollower:
             for name, reason in change.refused.items():
                 log.error("cluster map: queue %s not changed: %s", name, reason)
             self.host.set_cluster(effective)
-            self.replicas.use_cluster(effective, list(self.host.queues.values()))
+            self.replicas.use_cluster(effective)
             for name in change.removed:
                 queue = self.host.queues.get(name)
                 if queue is not None:

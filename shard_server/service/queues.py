@@ -21,7 +21,7 @@ from shard_server.domain.validation import (
 )
 from shard_server.runtime import background
 from shard_server.runtime.committing import wall_clock_ms
-from shard_server.runtime.forwarding import FORWARDED, FORWARDED_HEADER
+from shard_server.runtime.forwarding import FORWARDED_HEADER
 from shard_server.runtime.hosting import HostedQueue, QueueHost
 from shard_server.runtime.queue_admin import QueueAdmin
 from shard_server.service.converting import (
@@ -219,10 +219,8 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             # The other shards' counts come from their leaders.
             for leader in queue.remote_leaders():
                 try:
-                    remote = await queue.router.stub_for(leader).GetQueueAttributes(
-                        request, metadata=FORWARDED, timeout=10
-                    )
-                except grpc.RpcError:
+                    remote = await queue.router.calls.queue_attributes(leader, queue.config.name, timeout_s=10)
+                except ShardqError:
                     continue  # counts are approximate; an unreachable leader's shards are missing
                 shards.extend(remote.shards)
         shards.sort(key=lambda a: a.shard)

@@ -8,23 +8,21 @@ from typing import Any, TypeAlias
 
 import grpc
 
-from shard_server.runtime.hosting import QueueHost
-from shard_server.runtime.replicating import ShardReplica
+from shard_server.runtime.replication.replica import ShardReplica
+from shard_server.runtime.replication.replicas import Replicas
 from shardq.api.v1 import replication_pb2, replication_pb2_grpc
 
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
 class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
-    def __init__(self, host: QueueHost, *, server_id: str, address: str) -> None:
-        self.host = host
+    def __init__(self, replicas: Replicas, *, server_id: str, address: str) -> None:
+        self.replicas = replicas
         self.server_id = server_id
         self.address = address
 
     def _replica(self, queue: str, shard: int) -> ShardReplica | None:
-        hosted = self.host.queues.get(queue)
-        local = hosted.by_index.get(shard) if hosted is not None else None
-        return local.replica if local is not None else None
+        return self.replicas.get(queue, shard)
 
     async def Append(self, request: replication_pb2.AppendRequest, context: Context) -> replication_pb2.AppendResponse:
         replica = self._replica(request.queue, request.shard)
@@ -48,12 +46,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
     async def GetReplicaStatus(
         self, request: replication_pb2.GetReplicaStatusRequest, context: Context
     ) -> replication_pb2.ReplicaStatusList:
-        replicas = [
-            shard.replica.status()
-            for queue in self.host.queues.values()
-            for shard in queue.shards
-            if shard.replica is not None
-        ]
+        replicas = [replica.status() for replica in self.replicas.all()]
         return replication_pb2.ReplicaStatusList(
             server_id=self.server_id, address=self.address, pid=os.getpid(), replicas=replicas
         )

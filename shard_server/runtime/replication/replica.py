@@ -24,16 +24,18 @@ import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import grpc
 from prometheus_client import Counter
 
 from shard_server import metrics
-from shard_server.runtime.forwarding import PEER_CHANNEL_OPTIONS
+from shard_server.runtime.committing import GroupCommitter
+from shard_server.runtime.replication import rules
+from shard_server.runtime.replication.peers import PeerChannels
 from shard_server.storage import replica_log
 from shard_server.storage.lmdb_store import ShardEnvironment
-from shardq.api.v1 import replication_pb2, replication_pb2_grpc
+from shardq.api.v1 import replication_pb2
 from shardq.coordination.cluster_map import ClusterMap, lease_name
 from shardq.coordination.fencing import (
     build_abdication,
@@ -47,9 +49,7 @@ from shardq.coordination.fencing import (
 from shardq.coordination.leases import LeaseConflict, LeaseRecord, LeaseStore
 from shardq.coordination.placement import ShardId
 from shardq.errors import NotLeader, OutcomeUnknown
-
-if TYPE_CHECKING:
-    from shard_server.runtime.hosting import HostedShard
+from shardq.queues import QueueConfig
 
 log = logging.getLogger(__name__)
 
@@ -78,25 +78,41 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class PeerChannels:
-    """One gRPC channel per peer server, shared by every replica of this server."""
+class ReplicatedQueue(Protocol):
+    """What a replica reads from its queue."""
 
-    def __init__(self, cluster: ClusterMap) -> None:
-        self.cluster = cluster
-        self._stubs: dict[str, replication_pb2_grpc.ReplicationServiceAsyncStub] = {}
-        self._channels: list[grpc.aio.Channel] = []
+    @property
+    def config(self) -> QueueConfig: ...
 
-    def stub(self, server_id: str) -> replication_pb2_grpc.ReplicationServiceAsyncStub:
-        stub = self._stubs.get(server_id)
-        if stub is None:
-            channel = grpc.aio.insecure_channel(self.cluster.servers[server_id].address, options=PEER_CHANNEL_OPTIONS)
-            self._channels.append(channel)
-            stub = self._stubs[server_id] = replication_pb2_grpc.ReplicationServiceStub(channel)
-        return stub
+    def wake(self) -> None:
+        """Wake the queue's long polls (a new leader may have messages to hand out)."""
 
-    async def close(self) -> None:
-        for channel in self._channels:
-            await channel.close()
+
+class ReplicatedShard(Protocol):
+    """What a replica needs from the shard it replicates: its storage and its writer."""
+
+    index: int
+    # Raised by the replica when it leads in a new epoch.
+    epoch: int
+
+    @property
+    def queue(self) -> ReplicatedQueue: ...
+
+    @property
+    def environment(self) -> ShardEnvironment: ...
+
+    @property
+    def committer(self) -> GroupCommitter: ...
+
+    @property
+    def last_written_index(self) -> int: ...
+
+    def replace_environment(self, environment: ShardEnvironment) -> None:
+        """Swap in the environment a snapshot installed."""
+
+    def load_per_second(self) -> float: ...
+
+    def message_count(self) -> int: ...
 
 
 class ShardReplica:
@@ -104,7 +120,7 @@ class ShardReplica:
 
     def __init__(
         self,
-        shard: HostedShard,
+        shard: ReplicatedShard,
         *,
         server_id: str,
         cluster: ClusterMap,
@@ -307,10 +323,13 @@ class ShardReplica:
     def _advance_commit(self) -> None:
         if self.role is not Role.LEADER:
             return
-        last = self.shard.last_written_index
-        in_sync_followers = [f for f in self.followers if f in self.isr]
-        commit = min([last, *(self._match.get(f, 0) for f in in_sync_followers)])
-        self.commit_index = max(self.commit_index, commit)
+        self.commit_index = rules.commit_index(
+            last_written=self.shard.last_written_index,
+            match=self._match,
+            followers=self.followers,
+            isr=self.isr,
+            current=self.commit_index,
+        )
         if not self._waiters:
             return
         remaining = []
@@ -394,22 +413,22 @@ class ShardReplica:
         and keep the recorded data incarnations current: all by CAS on the lease."""
         if self.role is not Role.LEADER or self._isr_changing:
             return
-        now = monotonic_ms()
-        last = self.shard.last_written_index
-        wanted = set(self.isr)
-        for follower in self.followers:
-            match = self._match.get(follower, 0)
-            caught_up = match >= last and follower in self._incarnations
-            lagging = not caught_up and now - self._progress_at.get(follower, now) > ISR_LAG_MS
-            if follower in wanted and (match < self.commit_index or lagging):
-                wanted.discard(follower)
-            elif follower not in wanted and caught_up:
-                wanted.add(follower)
-        wanted.add(self.server_id)
+        wanted = rules.isr_after_check(
+            leader=self.server_id,
+            followers=self.followers,
+            isr=self.isr,
+            match=self._match,
+            last_written=self.shard.last_written_index,
+            commit_index=self.commit_index,
+            known_incarnations=self._incarnations,
+            progress_at_ms=self._progress_at,
+            now_ms=monotonic_ms(),
+            lag_ms=ISR_LAG_MS,
+        )
         incarnations = {member: self._incarnations[member] for member in wanted if member in self._incarnations}
-        if wanted != set(self.isr) or incarnations != self._recorded_incarnations:
+        if wanted != self.isr or incarnations != self._recorded_incarnations:
             self._isr_changing = True
-            asyncio.get_running_loop().create_task(self._write_isr(frozenset(wanted), incarnations))
+            asyncio.get_running_loop().create_task(self._write_isr(wanted, incarnations))
 
     async def _write_isr(self, isr: frozenset[str], incarnations: dict[str, str]) -> None:
         try:

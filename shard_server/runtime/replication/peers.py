@@ -1,0 +1,30 @@
+"""Channels to the other servers of the cluster, for replication."""
+
+from __future__ import annotations
+
+import grpc
+
+from shard_server.runtime.forwarding import PEER_CHANNEL_OPTIONS
+from shardq.api.v1 import replication_pb2_grpc
+from shardq.coordination.cluster_map import ClusterMap
+
+
+class PeerChannels:
+    """One gRPC channel per peer server, shared by every replica of this server."""
+
+    def __init__(self, cluster: ClusterMap) -> None:
+        self.cluster = cluster
+        self._stubs: dict[str, replication_pb2_grpc.ReplicationServiceAsyncStub] = {}
+        self._channels: list[grpc.aio.Channel] = []
+
+    def stub(self, server_id: str) -> replication_pb2_grpc.ReplicationServiceAsyncStub:
+        stub = self._stubs.get(server_id)
+        if stub is None:
+            channel = grpc.aio.insecure_channel(self.cluster.servers[server_id].address, options=PEER_CHANNEL_OPTIONS)
+            self._channels.append(channel)
+            stub = self._stubs[server_id] = replication_pb2_grpc.ReplicationServiceStub(channel)
+        return stub
+
+    async def close(self) -> None:
+        for channel in self._channels:
+            await channel.close()
