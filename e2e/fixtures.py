@@ -16,6 +16,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e.binaries import Binaries, locate_binaries, require, running_in_ci
+from e2e.crds import install_crds
 from e2e.kubecluster import ControlPlane, compact_etcd, start_control_plane, stop_control_plane
 from e2e.realnode import (
     Layout,
@@ -101,6 +102,12 @@ def api_client(control_plane: ControlPlane) -> Iterator[client.ApiClient]:
     """The official Python client, authenticated as the admin."""
     with control_plane.api_client() as api:
         yield api
+
+
+@pytest.fixture(scope="session")
+def shardq_crds(api_client: client.ApiClient) -> list[str]:
+    """shardq's CRDs (crds/) installed on the session's control plane."""
+    return install_crds(api_client)
 
 
 @pytest.fixture

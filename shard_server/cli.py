@@ -6,14 +6,18 @@ import asyncio
 import contextlib
 import pathlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import click
 import yaml
 
 from shard_server.logs import configure_logging
 from shard_server.server import ServerSettings, serve
-from shardq.coordination.cluster_map import read_cluster_map
+from shardq.coordination.cluster_map import cluster_map_from_text, read_cluster_map
 from shardq.coordination.leases import LeaseStore
+
+if TYPE_CHECKING:
+    from shardq.coordination.kubernetes_maps import ConfigMapSource
 from shardq.queues import QueueConfig, parse_queue_option, queue_config_from_spec
 
 
@@ -79,6 +83,11 @@ def load_queue_file(path: pathlib.Path) -> list[QueueConfig]:
     help="with --lease-store kubernetes: read Leases from one watch (the default) or with a GET per read",
 )
 @click.option(
+    "--cluster-configmap",
+    default=None,
+    help="with --lease-store kubernetes: follow the cluster map in this ConfigMap (key cluster.json) instead of a file",
+)
+@click.option(
     "--queues-managed-by",
     default=None,
     help='refuse runtime queue changes, naming where queues are defined (e.g. "Queue resources in namespace x")',
@@ -99,6 +108,7 @@ def serve_command(
     kubeconfig: pathlib.Path | None,
     namespace: str | None,
     lease_watch: bool,
+    cluster_configmap: str | None,
     queues_managed_by: str | None,
 ) -> None:
     """Run a shard server hosting the given queues (or its replicas of a cluster's queues)."""
@@ -115,8 +125,20 @@ def serve_command(
         raise click.ClickException(str(error)) from None
     if cluster is not None and (not server_id or lease_store is None):
         raise click.UsageError("--cluster-file needs --server-id and --lease-store")
-    if lease_store != KUBERNETES and (kubeconfig is not None or namespace is not None):
-        raise click.UsageError("--kubeconfig and --namespace go with --lease-store kubernetes")
+    if lease_store != KUBERNETES and (kubeconfig is not None or namespace is not None or cluster_configmap):
+        raise click.UsageError("--kubeconfig, --namespace and --cluster-configmap go with --lease-store kubernetes")
+    source = None
+    if cluster_configmap is not None:
+        if cluster_file is not None:
+            raise click.UsageError("give --cluster-file or --cluster-configmap, not both")
+        try:
+            source = config_map_source(cluster_configmap, kubeconfig=kubeconfig, namespace=namespace)
+            cluster = cluster_map_from_text(source.read_text())
+        except (OSError, ValueError) as error:
+            raise click.ClickException(f"cannot read the cluster map: {error}") from None
+        configs += cluster.queue_configs()
+        if not server_id:
+            raise click.UsageError("--cluster-configmap needs --server-id")
     configure_logging(json_lines=log_format == "json")
     with contextlib.ExitStack() as closing:
         leases = None
@@ -137,6 +159,7 @@ def serve_command(
             writer_threads=writer_threads,
             cluster=cluster,
             cluster_file=cluster_file,
+            cluster_source=source,
             server_id=server_id,
             lease_store=leases,
             queues_managed_by=queues_managed_by,
@@ -150,6 +173,22 @@ def serve_command(
 KUBERNETES = "kubernetes"
 # Where a pod finds its own namespace.
 SERVICE_ACCOUNT_NAMESPACE = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def pod_namespace(namespace: str | None) -> str:
+    if namespace is not None:
+        return namespace
+    if not SERVICE_ACCOUNT_NAMESPACE.exists():
+        raise ValueError("--namespace is needed outside a pod")
+    return SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+
+
+def config_map_source(name: str, *, kubeconfig: pathlib.Path | None, namespace: str | None) -> ConfigMapSource:
+    # Imported here: only Kubernetes mode needs the client.
+    from shardq.coordination.kubernetes_leases import connect
+    from shardq.coordination.kubernetes_maps import ConfigMapSource
+
+    return ConfigMapSource(connect(kubeconfig=kubeconfig), namespace=pod_namespace(namespace), name=name)
 
 
 @contextlib.contextmanager
@@ -167,12 +206,8 @@ def open_lease_store(
     # Imported here: only Kubernetes mode needs the client.
     from shardq.coordination.kubernetes_leases import KubernetesLeaseStore, connect
 
-    if namespace is None:
-        if not SERVICE_ACCOUNT_NAMESPACE.exists():
-            raise ValueError("--namespace is needed outside a pod")
-        namespace = SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
     with connect(kubeconfig=kubeconfig) as api:
-        store = KubernetesLeaseStore(api, namespace=namespace, watch=watch)
+        store = KubernetesLeaseStore(api, namespace=pod_namespace(namespace), watch=watch)
         try:
             store.wait_until_watching(store.request_timeout_seconds)
             yield store

@@ -20,7 +20,7 @@ from shard_server import metrics
 from shard_server.runtime.committing import wall_clock_ms
 from shard_server.runtime.forwarding import Router
 from shard_server.runtime.hosting import QueueHost
-from shard_server.runtime.map_following import ClusterMapFile, ClusterMapFollower
+from shard_server.runtime.map_following import ClusterMapFile, ClusterMapFollower, MapSource
 from shard_server.runtime.queue_admin import QueueAdmin, runtime_configs
 from shard_server.runtime.replication.peers import PeerChannels
 from shard_server.runtime.replication.replicas import Replicas
@@ -62,8 +62,11 @@ class ServerSettings:
     # Cluster mode: this server's id in the cluster map, and the lease store (local
     # file or Kubernetes Leases; the caller opens and closes it).
     cluster: ClusterMap | None = None
-    # The file the map was read from: followed while the server runs.
+    # The file the map was read from: followed while the server runs, and changed by
+    # runtime queue management in a local cluster.
     cluster_file: pathlib.Path | None = None
+    # Where else the map is followed from (the operator's ConfigMap).
+    cluster_source: MapSource | None = None
     server_id: str = ""
     lease_store: LeaseStore | None = None
     # Where the queues are defined when the server must not change them itself (a
@@ -190,12 +193,13 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         for queue in host.queues.values():
             replicas.start_queue(queue, settings.cluster)
         tasks.append(asyncio.create_task(router.run()))
-        if settings.cluster_file is not None:
+        source = settings.cluster_source or settings.cluster_file
+        if source is not None:
             follower = ClusterMapFollower(
-                settings.cluster_file, host, replicas, open_hosted=admin.open_hosted, close_hosted=admin.close_hosted
+                source, host, replicas, open_hosted=admin.open_hosted, close_hosted=admin.close_hosted
             )
             tasks.append(asyncio.create_task(follower.run()))
-            if managed_by is None:
+            if managed_by is None and settings.cluster_file is not None:
                 # A local cluster: queue management changes the shared map.
                 admin.map_file = ClusterMapFile(settings.cluster_file, leases, now_ms=wall_clock_ms)
                 admin.follower = follower

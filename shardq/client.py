@@ -21,16 +21,18 @@ T = TypeVar("T")
 
 
 class Client:
-    def __init__(self, endpoint: str = DEFAULT_ENDPOINT) -> None:
+    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, route_directly: bool = True) -> None:
+        """`route_directly=False` for a client outside the cluster's network (it cannot
+        reach the leaders' addresses): the endpoint forwards every call."""
         self.endpoint = endpoint
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="shardq-client", daemon=True)
         self._thread.start()
-        self._async = self._run(self._create(endpoint))
+        self._async = self._run(self._create(endpoint, route_directly))
 
     @staticmethod
-    async def _create(endpoint: str) -> AsyncClient:
-        return AsyncClient(endpoint)
+    async def _create(endpoint: str, route_directly: bool) -> AsyncClient:
+        return AsyncClient(endpoint, route_directly=route_directly)
 
     def _run(self, awaitable: Awaitable[T]) -> T:
         async def wrapped() -> T:

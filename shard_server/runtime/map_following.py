@@ -22,6 +22,7 @@ import fcntl
 import logging
 import pathlib
 from collections.abc import Awaitable, Callable, Iterator
+from typing import Protocol
 
 from shard_server.runtime.hosting import HostedQueue, QueueHost
 from shard_server.runtime.replication.replicas import Replicas
@@ -34,27 +35,33 @@ from shardq.coordination.cluster_map import (
     read_cluster_map,
     write_cluster_map,
 )
-from shardq.coordination.fencing import build_incarnations, build_isr_change, build_takeover
-from shardq.coordination.leases import LeaseConflict, LeaseStore
+from shardq.coordination.leases import LeaseStore
 from shardq.coordination.placement import ShardId
-from shardq.coordination.takeovers import build_initial_lease
+from shardq.coordination.takeovers import lease_for_new_shard
 
 log = logging.getLogger(__name__)
 
 MAP_POLL_S = 1.0
 
 
+class MapSource(Protocol):
+    """Where the map is read from: a file (`pathlib.Path`) or a ConfigMap."""
+
+    def read_text(self) -> str:
+        """The map's text; OSError when it cannot be read now."""
+
+
 class ClusterMapFollower:
     def __init__(
         self,
-        path: pathlib.Path,
+        source: MapSource,
         host: QueueHost,
         replicas: Replicas,
         *,
         open_hosted: Callable[[HostedQueue], None],
         close_hosted: Callable[[str], Awaitable[int]],
     ) -> None:
-        self.path = path
+        self.source = source
         self.host = host
         self.replicas = replicas
         self._open_hosted = open_hosted
@@ -69,14 +76,14 @@ class ClusterMapFollower:
             try:
                 await self.apply_file()
             except Exception:
-                log.exception("applying the cluster map %s failed; retrying", self.path)
+                log.exception("applying the cluster map %s failed; retrying", self.source)
 
     async def apply_file(self) -> ClusterMap | None:
         """Apply the map file if it changed since it was last applied; the map now in force."""
         try:
-            text = await asyncio.to_thread(self.path.read_text)
+            text = await asyncio.to_thread(self.source.read_text)
         except OSError as error:
-            log.warning("cannot read the cluster map %s: %s; keeping the one in force", self.path, error.strerror)
+            log.warning("cannot read the cluster map %s: %s; keeping the one in force", self.source, error)
             return None
         if text in (self._applied_text, self._refused_text):
             return None
@@ -84,7 +91,7 @@ class ClusterMapFollower:
             cluster = cluster_map_from_text(text)
         except ValueError as error:
             self._refused_text = text
-            log.error("the cluster map %s is not valid (%s); keeping the one in force", self.path, error)
+            log.error("the cluster map %s is not valid (%s); keeping the one in force", self.source, error)
             return None
         await self.apply(cluster)
         self._applied_text = text
@@ -167,20 +174,15 @@ class ClusterMapFile:
 
     def _lease_for_new_shard(self, cluster: ClusterMap, queue: str, index: int) -> None:
         shard = ShardId(queue, index)
-        replicas = cluster.replicas_of(shard)
-        now = self._now_ms()
         existing = self.leases.get(lease_name(shard))
+        record = lease_for_new_shard(
+            existing,
+            shard=shard,
+            replicas=cluster.replicas_of(shard),
+            now_ms=self._now_ms(),
+            duration_ms=cluster.lease_duration_ms,
+        )
         if existing is None:
-            fresh = build_initial_lease(
-                shard=shard, replicas=replicas, now_ms=now, duration_ms=cluster.lease_duration_ms
-            )
-            try:
-                self.leases.create(fresh)
-                return
-            except LeaseConflict:
-                existing = self.leases.get(lease_name(shard))
-                if existing is None:
-                    raise
-        # The name was used before: a new epoch for new, empty replicas.
-        taken = build_takeover(existing, new_holder=replicas[0], now_ms=now, duration_ms=cluster.lease_duration_ms)
-        self.leases.update(build_incarnations(build_isr_change(taken, replicas), {}))
+            self.leases.create(record)
+        else:
+            self.leases.update(record)

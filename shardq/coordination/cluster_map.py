@@ -21,6 +21,8 @@ from shardq.coordination.placement import ServerState, ShardId, choose_initial_p
 from shardq.queues import QueueConfig, queue_config_from_spec
 
 CLUSTER_FILE = "cluster.json"
+# The key of the operator's ConfigMap that holds the map (the same text as the file).
+CLUSTER_MAP_KEY = CLUSTER_FILE
 DEFAULT_LEASE_DURATION_MS = 2_000
 
 # A Kubernetes object name may be a DNS subdomain; a lease name is one label for the

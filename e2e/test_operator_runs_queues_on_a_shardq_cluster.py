@@ -1,0 +1,185 @@
+"""The operator on the real node: a ShardqCluster of 3 server pods hosting Queues, used
+from the host; a leader pod deleted and its shards failed over without losing an
+acknowledged message; a Queue added to the running cluster and one deleted, without
+restarting a pod."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from e2e.crds import install_crds
+from e2e.operator_process import running_operator
+from e2e.polling import wait_for
+from e2e.realnode import RunningNode
+from shardq import Client, Message, ShardqError
+
+pytestmark = [pytest.mark.realnode, pytest.mark.timeout(600)]
+
+GROUP, VERSION = "shardq.io", "v1alpha1"
+READY_S = 240.0
+
+
+def apply(api: client.ApiClient, namespace: str, plural: str, kind: str, name: str, spec: dict[str, Any]) -> None:
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": kind, "metadata": {"name": name}, "spec": spec}
+    client.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, namespace, plural, body)
+
+
+def get(api: client.ApiClient, namespace: str, plural: str, name: str) -> dict[str, Any] | None:
+    try:
+        found: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
+            GROUP, VERSION, namespace, plural, name
+        )
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    return found
+
+
+def queue_ready(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    """The queue once every shard is led and every replica in sync (what a platform team
+    waits for before trusting it)."""
+    queue = get(api, namespace, "queues", name)
+    conditions = {c["type"]: c["status"] for c in (queue or {}).get("status", {}).get("conditions", [])}
+    settled = conditions.get("Ready") == "True" and conditions.get("UnderReplicated") == "False"
+    return queue if settled else None
+
+
+def shard_leaders(api: client.ApiClient, namespace: str, queue: str) -> dict[int, tuple[str, int]]:
+    shards = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        GROUP, VERSION, namespace, "shards", label_selector=f"shardq.io/queue={queue}"
+    )["items"]
+    return {
+        s["spec"]["index"]: (s.get("status", {}).get("leader", ""), s.get("status", {}).get("epoch", 0)) for s in shards
+    }
+
+
+def drain(endpoint: str, queue: str, expected: int, *, timeout: float = 60) -> set[bytes]:
+    bodies: set[bytes] = set()
+    deadline = time.monotonic() + timeout
+    with Client(endpoint, route_directly=False) as consumer:
+        while len(bodies) < expected and time.monotonic() < deadline:
+            try:
+                messages = consumer.receive_messages(queue, max_messages=10, wait_time_ms=500)
+                for message in messages:
+                    bodies.add(message.body)
+                if messages:
+                    consumer.delete_messages(queue, [m.receipt for m in messages])
+            except ShardqError:
+                time.sleep(0.2)  # leadership is moving: ask again
+    return bodies
+
+
+def send_all(endpoint: str, queue: str, bodies: list[bytes], *, group: str = "", timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    with Client(endpoint, route_directly=False) as producer:
+        for body in bodies:
+            while True:
+                try:
+                    # A dedup id makes a retry after an unknown outcome safe.
+                    producer.send_messages(queue, [Message(body, dedup_id=body.decode(), group_id=group)])
+                    break
+                except ShardqError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+
+
+def test_queues_on_a_cluster_serve_fail_over_and_change_without_restarts(
+    real_node: RunningNode, node_namespace: str, tmp_path: Path
+) -> None:
+    info = real_node.info
+    namespace = node_namespace
+    with info.api_client() as api, running_operator(info.kubeconfig, namespace, tmp_path / "operator.log"):
+        install_crds(api)
+        apply(
+            api, namespace, "shardqclusters", "ShardqCluster", "main",
+            {"servers": 3, "image": info.shardq_image, "imagePullPolicy": "Never", "leaseDuration": "3s",
+             "storage": {"size": "100Mi"}},
+        )  # fmt: skip
+        apply(api, namespace, "queues", "Queue", "orders-dlq", {"cluster": "main", "shards": 1, "replicas": 3})
+        apply(
+            api, namespace, "queues", "Queue", "orders",
+            {"cluster": "main", "shards": 2, "replicas": 3,
+             "redrivePolicy": {"deadLetterQueue": "orders-dlq", "maxReceiveCount": 3}},
+        )  # fmt: skip
+        for name in ("orders", "orders-dlq"):
+            wait_for(
+                lambda name=name: queue_ready(api, namespace, name),
+                timeout=READY_S,
+                what=f"queue {name} Ready\n{(tmp_path / 'operator.log').read_text()[-3000:]}",
+            )
+        core = client.CoreV1Api(api)
+        service_ip = core.read_namespaced_service("main-shardq", namespace).spec.cluster_ip
+        endpoint = f"{service_ip}:7600"
+        pods_before = {p.metadata.name: p.metadata.uid for p in core.list_namespaced_pod(namespace).items}
+        assert sorted(pods_before) == ["main-shardq-0", "main-shardq-1", "main-shardq-2"]
+
+        first = [f"before-{n}".encode() for n in range(20)]
+        send_all(endpoint, "orders", first)
+        # `kubectl get queues` shows the depth (read from the servers every few seconds).
+        wait_for(
+            lambda: (get(api, namespace, "queues", "orders") or {}).get("status", {}).get("visible") == 20,
+            timeout=30,
+            what="the queue's status to show 20 visible messages",
+        )
+        leaders = shard_leaders(api, namespace, "orders")
+        assert sorted(leaders) == [0, 1]
+        assert all(leader.startswith("main-shardq-") for leader, _ in leaders.values())
+
+        # The leader pod of shard 0 goes away: another in-sync replica takes over.
+        victim, epoch = leaders[0]
+        core.delete_namespaced_pod(victim, namespace, grace_period_seconds=0)
+        deleted_at = time.monotonic()
+
+        def failed_over() -> tuple[str, int] | None:
+            leader, now_epoch = shard_leaders(api, namespace, "orders").get(0, ("", 0))
+            return (leader, now_epoch) if now_epoch > epoch and leader and leader != victim else None
+
+        new_leader, new_epoch = wait_for(failed_over, timeout=60, what=f"shard 0 failing over from {victim}")
+        after = [f"after-{n}".encode() for n in range(20)]
+        send_all(endpoint, "orders", after)
+        print(
+            f"failover: {victim} -> {new_leader} epoch {epoch} -> {new_epoch} in {time.monotonic() - deleted_at:.1f}s"
+        )
+        assert drain(endpoint, "orders", 40) == set(first) | set(after)
+
+        # A new queue on the running cluster, and a queue deleted: no server restarts.
+        wait_for(
+            lambda: len([p for p in core.list_namespaced_pod(namespace).items if p.status.phase == "Running"]) == 3,
+            timeout=READY_S,
+            what="the replaced pod",
+        )
+        apply(api, namespace, "queues", "Queue", "audit", {"cluster": "main", "shards": 1, "replicas": 2, "fifo": True})
+        wait_for(lambda: queue_ready(api, namespace, "audit"), timeout=60, what="queue audit Ready")
+        send_all(endpoint, "audit", [b"first", b"second"], group="g")
+        assert drain(endpoint, "audit", 2) == {b"first", b"second"}
+
+        client.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, namespace, "queues", "audit")
+        wait_for(lambda: get(api, namespace, "queues", "audit") is None, timeout=60, what="queue audit deleted")
+        # Its Shard objects go with it (the garbage collector follows their owner reference).
+        wait_for(lambda: shard_leaders(api, namespace, "audit") == {}, timeout=60, what="audit's Shards removed")
+        with Client(endpoint, route_directly=False) as admin:
+            assert "audit" not in admin.list_queues()
+        pods_after = {p.metadata.name: p.metadata.uid for p in core.list_namespaced_pod(namespace).items}
+        unchanged = {name for name in pods_before if name != victim}
+        assert {name: pods_after[name] for name in unchanged} == {name: pods_before[name] for name in unchanged}
+
+        # A cluster with queues on it is not deleted.
+        client.CustomObjectsApi(api).delete_namespaced_custom_object(
+            GROUP, VERSION, namespace, "shardqclusters", "main"
+        )
+        time.sleep(3)
+        blocked = get(api, namespace, "shardqclusters", "main")
+        assert blocked is not None
+        events = core.list_namespaced_event(namespace, field_selector="reason=DeletionBlocked").items
+        assert any("orders" in event.message for event in events)
+        for name in ("orders", "orders-dlq"):
+            client.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, namespace, "queues", name)
+        wait_for(lambda: get(api, namespace, "shardqclusters", "main") is None, timeout=120, what="the cluster deleted")

@@ -1,0 +1,128 @@
+"""shardq's CRDs on a real API server: defaults filled in, bad objects refused with a
+message a person understands (each CEL rule), immutable fields kept, printer columns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(180)]
+
+GROUP, VERSION = "shardq.io", "v1alpha1"
+
+
+def create(api: client.ApiClient, namespace: str, plural: str, kind: str, name: str, spec: dict[str, Any]) -> Any:
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": kind, "metadata": {"name": name}, "spec": spec}
+    # Strict, as kubectl apply validates by default: an unknown field is an error, not dropped.
+    return client.CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, plural, body, field_validation="Strict"
+    )
+
+
+def refused(api: client.ApiClient, namespace: str, plural: str, kind: str, name: str, spec: dict[str, Any]) -> str:
+    with pytest.raises(ApiException) as raised:
+        create(api, namespace, plural, kind, name, spec)
+    # 422 for a schema or CEL rule; 400 for an unknown field (strict decoding)
+    assert raised.value.status in (400, 422), raised.value.body
+    return str(raised.value.body)
+
+
+def test_a_minimal_cluster_and_queue_get_their_defaults(
+    api_client: client.ApiClient, namespace: str, shardq_crds: list[str]
+) -> None:
+    cluster = create(api_client, namespace, "shardqclusters", "ShardqCluster", "default", {})
+    assert cluster["spec"]["servers"] == 3
+    assert cluster["spec"]["storage"] == {"size": "1Gi", "retainOnDelete": True}
+    assert cluster["spec"]["rebalance"] == {"mode": "auto", "maxMovesPerMinute": 6, "imbalanceThreshold": 1.5}
+    assert cluster["spec"]["leaseDuration"] == "10s"
+    queue = create(api_client, namespace, "queues", "Queue", "orders", {"visibilityTimeout": "45s"})
+    assert queue["spec"] == {
+        "cluster": "default",
+        "shards": 1,
+        "replicas": 3,
+        "fifo": False,
+        "visibilityTimeout": "45s",
+    }
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"visibilityTimeout": "soon"}, "must be a duration such as 30s"),
+        ({"retention": "4 days"}, "must be a duration such as 30s"),
+        ({"shards": 0}, "should be greater than or equal to 1"),
+        ({"replicas": 9}, "should be less than or equal to 7"),
+        (
+            {"redrivePolicy": {"deadLetterQueue": "", "maxReceiveCount": 3}},
+            "names the queue that receives dead letters",
+        ),
+        ({"redrivePolicy": {"deadLetterQueue": "dlq"}}, "maxReceiveCount: Required value"),
+        ({"colour": "blue"}, "spec.colour"),
+    ],
+)
+def test_a_bad_queue_is_refused_with_a_message_naming_the_problem(
+    api_client: client.ApiClient, namespace: str, shardq_crds: list[str], spec: dict[str, Any], message: str
+) -> None:
+    body = refused(api_client, namespace, "queues", "Queue", "orders", spec)
+    assert message in body, body
+    if "colour" in message:
+        assert "unknown field" in body
+
+
+def test_a_queue_name_must_be_a_dns_label(api_client: client.ApiClient, namespace: str, shardq_crds: list[str]) -> None:
+    body = refused(api_client, namespace, "queues", "Queue", "orders.v2", {})
+    assert "a Queue's name is the queue's name: a DNS label" in body
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"leaseDuration": "ten seconds"}, "leaseDuration must be a duration"),
+        ({"servers": 0}, "should be greater than or equal to 1"),
+        ({"storage": {"size": "0"}}, "storage.size must be a positive quantity"),
+        ({"rebalance": {"mode": "sometimes"}}, "Unsupported value"),
+    ],
+)
+def test_a_bad_cluster_is_refused_with_a_message_naming_the_problem(
+    api_client: client.ApiClient, namespace: str, shardq_crds: list[str], spec: dict[str, Any], message: str
+) -> None:
+    assert message in refused(api_client, namespace, "shardqclusters", "ShardqCluster", "main", spec)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("fifo", True, "fifo cannot change"),
+        ("shards", 4, "shards cannot change after the queue is created"),
+        ("replicas", 1, "replicas cannot change"),
+        ("cluster", "other", "cluster cannot change"),
+    ],
+)
+def test_fields_fixed_at_creation_cannot_change(
+    api_client: client.ApiClient, namespace: str, shardq_crds: list[str], field: str, value: Any, message: str
+) -> None:
+    create(api_client, namespace, "queues", "Queue", "orders", {})
+    custom = client.CustomObjectsApi(api_client)
+    with pytest.raises(ApiException) as raised:
+        custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, "queues", "orders", {"spec": {field: value}})
+    assert raised.value.status == 422
+    assert message in str(raised.value.body)
+    # A setting that may change does.
+    changed = custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "queues", "orders", {"spec": {"visibilityTimeout": "2m"}}
+    )
+    assert changed["spec"]["visibilityTimeout"] == "2m"
+
+
+def test_printer_columns_and_the_status_subresource(api_client: client.ApiClient, shardq_crds: list[str]) -> None:
+    extensions = client.ApiextensionsV1Api(api_client)
+    queues = extensions.read_custom_resource_definition("queues.shardq.io").spec.versions[0]
+    assert [column.name for column in queues.additional_printer_columns] == [
+        "Cluster", "Shards", "Ready", "Visible", "In flight", "Oldest age", "Age",
+    ]  # fmt: skip
+    assert queues.subresources.status is not None
+    shards = extensions.read_custom_resource_definition("shards.shardq.io").spec.versions[0]
+    assert [column.name for column in shards.additional_printer_columns][:4] == ["Queue", "Index", "Leader", "Epoch"]

@@ -1,0 +1,234 @@
+"""Manifests of what a ShardqCluster and its Queues become (pure: dicts in, dicts out).
+
+Every builder takes the owner's metadata and returns a complete object carrying an
+owner reference, so deleting the owner lets the garbage collector remove it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from shardq.coordination.cluster_map import CLUSTER_MAP_KEY, ClusterMap, cluster_map_to_text
+from shardq_operator import naming
+
+Manifest = dict[str, Any]
+
+
+def owner_reference(owner: Mapping[str, Any]) -> Manifest:
+    """A controller reference to `owner` (a ShardqCluster or Queue as read from the API)."""
+    metadata = owner["metadata"]
+    return {
+        "apiVersion": owner.get("apiVersion", naming.API_VERSION),
+        "kind": owner["kind"],
+        "name": metadata["name"],
+        "uid": metadata["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(name: str, owner: Mapping[str, Any], cluster: str) -> Manifest:
+    return {
+        "name": name,
+        "namespace": owner["metadata"]["namespace"],
+        "labels": naming.labels(cluster),
+        "ownerReferences": [owner_reference(owner)],
+    }
+
+
+def service_account(owner: Mapping[str, Any]) -> Manifest:
+    cluster = owner["metadata"]["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _metadata(naming.account(cluster), owner, cluster),
+    }
+
+
+def role(owner: Mapping[str, Any]) -> Manifest:
+    """The servers' rights: their shard Leases (read, watch, renew) and their map's ConfigMap (read)."""
+    cluster = owner["metadata"]["name"]
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _metadata(naming.account(cluster), owner, cluster),
+        "rules": [
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "verbs": ["get", "list", "watch", "update", "patch"],
+            },
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "resourceNames": [naming.map_config(cluster)],
+                "verbs": ["get", "watch"],
+            },
+        ],
+    }
+
+
+def role_binding(owner: Mapping[str, Any]) -> Manifest:
+    cluster = owner["metadata"]["name"]
+    name = naming.account(cluster)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _metadata(name, owner, cluster),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner["metadata"]["namespace"]}],
+    }
+
+
+def map_config(owner: Mapping[str, Any], cluster_map: ClusterMap) -> Manifest:
+    cluster = owner["metadata"]["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(naming.map_config(cluster), owner, cluster),
+        "data": {CLUSTER_MAP_KEY: cluster_map_to_text(cluster_map)},
+    }
+
+
+def peers_service(owner: Mapping[str, Any]) -> Manifest:
+    """Headless: every server a stable DNS name, published before it is ready (peers
+    must reach a starting follower to bring it up to date)."""
+    cluster = owner["metadata"]["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(naming.peers_service(cluster), owner, cluster),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": naming.selector(cluster),
+            "ports": [{"name": "grpc", "port": naming.GRPC_PORT, "targetPort": "grpc"}],
+        },
+    }
+
+
+def client_service(owner: Mapping[str, Any]) -> Manifest:
+    """What clients connect to: any ready server answers (and forwards to shard leaders)."""
+    cluster = owner["metadata"]["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(naming.client_service(cluster), owner, cluster),
+        "spec": {
+            "selector": naming.selector(cluster),
+            "ports": [
+                {"name": "grpc", "port": naming.GRPC_PORT, "targetPort": "grpc"},
+                {"name": "metrics", "port": naming.METRICS_PORT, "targetPort": "metrics"},
+            ],
+        },
+    }
+
+
+def disruption_budget(owner: Mapping[str, Any]) -> Manifest:
+    """One server down at a time for voluntary disruptions (drains): a shard with three
+    replicas keeps a majority of its copies."""
+    cluster = owner["metadata"]["name"]
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(naming.server_set(cluster), owner, cluster),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": naming.selector(cluster)}},
+    }
+
+
+def stateful_set(owner: Mapping[str, Any], *, servers: int) -> Manifest:
+    """The shard servers: one pod per server id, a volume each, Ready when gRPC health says so."""
+    cluster = owner["metadata"]["name"]
+    namespace = owner["metadata"]["namespace"]
+    spec = owner.get("spec", {})
+    storage = spec.get("storage", {})
+    template_overrides = spec.get("podTemplate", {})
+    container: Manifest = {
+        "name": "server",
+        "image": spec.get("image", "localhost/shardq:latest"),
+        "imagePullPolicy": spec.get("imagePullPolicy", "IfNotPresent"),
+        # `args`, not `command`: the image's entrypoint (tini) stays PID 1 and reaps.
+        "args": [
+            "shardq",
+            "serve",
+            "--data-dir",
+            naming.DATA_PATH,
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(naming.GRPC_PORT),
+            "--metrics-port",
+            str(naming.METRICS_PORT),
+            "--server-id",
+            "$(POD_NAME)",
+            "--lease-store",
+            "kubernetes",
+            "--namespace",
+            "$(POD_NAMESPACE)",
+            "--cluster-configmap",
+            naming.map_config(cluster),
+            "--queues-managed-by",
+            f"the Queue resources of namespace {namespace} (kubectl apply)",
+            "--log-format",
+            "text",
+        ],
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        ],
+        "ports": [
+            {"name": "grpc", "containerPort": naming.GRPC_PORT},
+            {"name": "metrics", "containerPort": naming.METRICS_PORT},
+        ],
+        "readinessProbe": {"grpc": {"port": naming.GRPC_PORT}, "periodSeconds": 1, "failureThreshold": 3},
+        "volumeMounts": [{"name": "data", "mountPath": naming.DATA_PATH}],
+    }
+    if spec.get("resources"):
+        container["resources"] = spec["resources"]
+    pod_spec: Manifest = {
+        "serviceAccountName": naming.account(cluster),
+        "containers": [container],
+        "terminationGracePeriodSeconds": 15,
+    }
+    for field in ("nodeSelector", "tolerations", "affinity", "topologySpreadConstraints", "priorityClassName"):
+        if field in template_overrides:
+            pod_spec[field] = template_overrides[field]
+    claim_spec: Manifest = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": storage.get("size", "1Gi")}},
+    }
+    if storage.get("storageClassName"):
+        claim_spec["storageClassName"] = storage["storageClassName"]
+    retain = storage.get("retainOnDelete", True)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _metadata(naming.server_set(cluster), owner, cluster),
+        "spec": {
+            "serviceName": naming.peers_service(cluster),
+            "replicas": servers,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": naming.selector(cluster)},
+            "persistentVolumeClaimRetentionPolicy": {
+                "whenDeleted": "Retain" if retain else "Delete",
+                "whenScaled": "Retain",
+            },
+            "template": {"metadata": {"labels": naming.labels(cluster)}, "spec": pod_spec},
+            "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": claim_spec}],
+        },
+    }
+
+
+def shard(owner: Mapping[str, Any], *, index: int, replicas: list[str]) -> Manifest:
+    """One Shard object of a Queue (`owner`)."""
+    queue = owner["metadata"]["name"]
+    cluster = owner.get("spec", {}).get("cluster", naming.DEFAULT_CLUSTER)
+    metadata = _metadata(naming.shard_object(queue, index), owner, cluster)
+    metadata["labels"] = {**metadata["labels"], "shardq.io/queue": queue}
+    return {
+        "apiVersion": naming.API_VERSION,
+        "kind": "Shard",
+        "metadata": metadata,
+        "spec": {"queue": queue, "index": index, "replicas": replicas},
+    }

@@ -1,0 +1,139 @@
+"""kopf registrations: what wakes the reconciler up.
+
+Every ShardqCluster is reconciled once a second (a timer: failover decisions need a
+steady look at pods and leases), and at once when one of its Queues changes. Deletion
+is guarded: a Queue's finalizer waits until the servers have dropped its data, and a
+ShardqCluster with Queues on it is not deleted (an Event says why).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from shardq import Client, ShardqError
+from shardq_operator import naming
+from shardq_operator.kube import Kube
+from shardq_operator.observing import pod_address
+from shardq_operator.reconciling import Reconciler, cluster_of
+
+log = logging.getLogger(__name__)
+
+TICK_S = 1.0
+_state: dict[str, Reconciler] = {}
+
+
+def use(reconciler: Reconciler) -> None:
+    """Set the reconciler the handlers use (the operator's entry point does, before kopf runs)."""
+    _state["reconciler"] = reconciler
+
+
+def _reconciler() -> Reconciler:
+    return _state["reconciler"]
+
+
+@kopf.on.login()
+def login(**_: Any) -> kopf.ConnectionInfo:
+    """kopf connects as our own client does (kubeconfig or the pod's service account),
+    client certificates included."""
+    configuration = _reconciler().kube.api_client.configuration
+    token = (configuration.api_key or {}).get("authorization", "")
+    return kopf.ConnectionInfo(
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+        scheme="Bearer" if token else None,
+        token=token.removeprefix("Bearer ").strip() or None,
+    )
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    # Our own Events say what happened; kopf's per-handler ones would drown them.
+    settings.posting.level = logging.WARNING
+    settings.persistence.finalizer = "shardq.io/operator"
+    settings.watching.server_timeout = 60
+
+
+@kopf.timer(naming.GROUP, naming.VERSION, "shardqclusters", interval=TICK_S)
+def tick_cluster(namespace: str | None, name: str, **_: Any) -> None:
+    assert namespace is not None, "shardq resources are namespaced"
+    _reconciler().reconcile(namespace, name)
+
+
+@kopf.on.resume(naming.GROUP, naming.VERSION, "queues")
+@kopf.on.create(naming.GROUP, naming.VERSION, "queues")
+@kopf.on.update(naming.GROUP, naming.VERSION, "queues")
+def queue_changed(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> None:
+    assert namespace is not None, "shardq resources are namespaced"
+    cluster = cluster_of(body)
+    reconciler = _reconciler()
+    if reconciler.kube.get_custom("shardqclusters", namespace, cluster) is None:
+        reconciler.kube.patch_status(
+            "queues",
+            namespace,
+            name,
+            {
+                "phase": "Pending",
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "False",
+                        "reason": "ClusterMissing",
+                        "message": f"no ShardqCluster {cluster!r} in namespace {namespace}",
+                    }
+                ],
+            },
+        )
+        raise kopf.TemporaryError(f"ShardqCluster {cluster!r} does not exist (yet)", delay=5)
+    reconciler.reconcile(namespace, cluster)
+
+
+@kopf.on.delete(naming.GROUP, naming.VERSION, "queues")
+def queue_deleted(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> None:
+    """Take the queue out of the map, then wait until no ready server still hosts it."""
+    assert namespace is not None, "shardq resources are namespaced"
+    reconciler = _reconciler()
+    cluster = cluster_of(body)
+    if reconciler.kube.get_custom("shardqclusters", namespace, cluster) is None:
+        return  # no servers: nothing holds its data
+    reconciler.reconcile(namespace, cluster)
+    still = _servers_hosting(reconciler.kube, namespace, cluster, name)
+    if still:
+        raise kopf.TemporaryError(f"servers {', '.join(still)} still host queue {name}", delay=1)
+
+
+def _servers_hosting(kube: Kube, namespace: str, cluster: str, queue: str) -> list[str]:
+    hosting = []
+    for pod in kube.server_pods(namespace, cluster):
+        address = pod_address(pod, naming.GRPC_PORT)
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in pod.get("status", {}).get("conditions") or []
+        )
+        if address is None or not ready:
+            continue
+        try:
+            with Client(address, route_directly=False) as client:
+                if queue in client.list_queues():
+                    hosting.append(pod["metadata"]["name"])
+        except ShardqError:
+            hosting.append(pod["metadata"]["name"])
+    return hosting
+
+
+@kopf.on.delete(naming.GROUP, naming.VERSION, "shardqclusters")
+def cluster_deleted(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> None:
+    assert namespace is not None, "shardq resources are namespaced"
+    kube = _reconciler().kube
+    queues = sorted(q["metadata"]["name"] for q in kube.list_custom("queues", namespace) if cluster_of(q) == name)
+    if queues:
+        message = (
+            f"queues {', '.join(queues)} are placed on this cluster: delete them first (their data goes with them)"
+        )
+        kube.event(body, reason="DeletionBlocked", message=message, warning=True)
+        raise kopf.TemporaryError(message, delay=5)

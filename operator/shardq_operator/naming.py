@@ -1,0 +1,66 @@
+"""Names, labels and addresses of everything the operator makes for a ShardqCluster."""
+
+from __future__ import annotations
+
+GROUP = "shardq.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+GRPC_PORT = 7600
+METRICS_PORT = 9600
+DATA_PATH = "/data"
+MANAGED_BY = "shardq-operator"
+# A Queue that names no cluster is placed on this one (the chart can create it).
+DEFAULT_CLUSTER = "default"
+CLUSTER_FINALIZER = "shardq.io/queues-first"
+QUEUE_FINALIZER = "shardq.io/data-removed"
+
+
+def server_set(cluster: str) -> str:
+    """The StatefulSet, and the prefix of its pods' names (which are the servers' ids)."""
+    return f"{cluster}-shardq"
+
+
+def peers_service(cluster: str) -> str:
+    return f"{cluster}-shardq-peers"
+
+
+def client_service(cluster: str) -> str:
+    return f"{cluster}-shardq"
+
+
+def map_config(cluster: str) -> str:
+    return f"{cluster}-shardq-map"
+
+
+def account(cluster: str) -> str:
+    return f"{cluster}-shardq"
+
+
+def server_ids(cluster: str, count: int) -> list[str]:
+    return [f"{server_set(cluster)}-{ordinal}" for ordinal in range(count)]
+
+
+def server_address(cluster: str, namespace: str, server_id: str) -> str:
+    """A server's stable DNS name through the headless Service, with its gRPC port."""
+    return f"{server_id}.{peers_service(cluster)}.{namespace}.svc.cluster.local:{GRPC_PORT}"
+
+
+def client_endpoint(cluster: str, namespace: str) -> str:
+    return f"{client_service(cluster)}.{namespace}.svc.cluster.local:{GRPC_PORT}"
+
+
+def shard_object(queue: str, index: int) -> str:
+    return f"{queue}-{index}"
+
+
+def labels(cluster: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "shardq-server",
+        "app.kubernetes.io/instance": cluster,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
+
+
+def selector(cluster: str) -> dict[str, str]:
+    """What selects a cluster's server pods (a subset of `labels`, fixed for the set's life)."""
+    return {"app.kubernetes.io/name": "shardq-server", "app.kubernetes.io/instance": cluster}

@@ -1,0 +1,59 @@
+"""Shard servers as the operator sees them through their pods (pure)."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from shardq.coordination.takeovers import ServerObservation
+
+
+def _epoch_ms(timestamp: str | None) -> int | None:
+    if not timestamp:
+        return None
+    moment = datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    return int(moment.timestamp() * 1000)
+
+
+def observe_pod(pod: Mapping[str, Any]) -> ServerObservation:
+    """A pod's server: running while its container runs and the pod is not being deleted;
+    started when that container started (a restarted container is a new process, whose
+    predecessor's lease must not be renewed by it); ready since its Ready condition turned
+    true. Kubelet times have whole seconds: a container restarted within the second its
+    lease was taken is caught by lease expiry instead."""
+    metadata = pod.get("metadata", {})
+    status = pod.get("status", {})
+    name = metadata.get("name", "")
+    statuses = [s for s in status.get("containerStatuses") or [] if s.get("name") == "server"]
+    running_state = (statuses[0].get("state") or {}).get("running") if statuses else None
+    running = running_state is not None and not metadata.get("deletionTimestamp") and status.get("phase") == "Running"
+    started = _epoch_ms(running_state.get("startedAt")) if running_state else None
+    ready_since = None
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "Ready" and condition.get("status") == "True":
+            ready_since = _epoch_ms(condition.get("lastTransitionTime"))
+    return ServerObservation(
+        name=name,
+        running=running,
+        started_at_ms=started or 0,
+        ready_since_ms=ready_since if running else None,
+    )
+
+
+def observe_servers(server_ids: Iterable[str], pods: Iterable[Mapping[str, Any]]) -> dict[str, ServerObservation]:
+    """Every server of the map: from its pod, or not running when it has none."""
+    by_name = {pod.get("metadata", {}).get("name", ""): pod for pod in pods}
+    return {
+        server_id: observe_pod(by_name[server_id])
+        if server_id in by_name
+        else ServerObservation(name=server_id, running=False, started_at_ms=0)
+        for server_id in server_ids
+    }
+
+
+def pod_address(pod: Mapping[str, Any], port: int) -> str | None:
+    """Where the operator reaches a pod's server (its IP: the operator may run outside the
+    cluster's DNS), or None before it has one."""
+    ip = pod.get("status", {}).get("podIP")
+    return f"{ip}:{port}" if ip else None

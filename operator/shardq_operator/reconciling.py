@@ -1,0 +1,361 @@
+"""One ShardqCluster brought to what its resources say, and its shards kept led.
+
+Level-triggered: every call reads the cluster, its Queues, the map in force, the pods
+and the leases, and converges (the same call for a timer tick, a Queue change and a
+restart of the operator). Writes are idempotent (server-side apply) or compare-and-swap
+(leases), so two operators, or one restarted mid-way, cannot corrupt anything: the
+loser's lease write fails and it reads again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from shardq import Client, ShardqError
+from shardq.coordination.cluster_map import ClusterMap, cluster_map_from_text, lease_name
+from shardq.coordination.fencing import build_isr_change, build_takeover, is_expired, isr_of
+from shardq.coordination.leases import LeaseConflict, LeaseRecord
+from shardq.coordination.takeovers import (
+    ServerObservation,
+    Takeover,
+    choose_failovers,
+    isr_after_takeover,
+    lease_for_new_shard,
+)
+from shardq.durations import format_duration_ms, parse_duration_ms
+from shardq_operator import builders, naming
+from shardq_operator.kube import Kube, Manifest
+from shardq_operator.mapping import DesiredMap, desired_map
+from shardq_operator.observing import observe_servers, pod_address
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LEASE_MS = 10_000
+COUNTS_EVERY_S = 5.0
+
+
+def is_ready(pod: Mapping[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _now_text() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def condition(previous: list[Mapping[str, Any]], kind: str, status: bool, reason: str, message: str) -> dict[str, Any]:
+    """A status condition; lastTransitionTime moves only when the status does."""
+    text = "True" if status else "False"
+    before = next((c for c in previous if c.get("type") == kind), None)
+    since = before.get("lastTransitionTime") if before is not None and before.get("status") == text else None
+    return {
+        "type": kind,
+        "status": text,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": since or _now_text(),
+    }
+
+
+def is_deleting(resource: Mapping[str, Any]) -> bool:
+    return bool(resource.get("metadata", {}).get("deletionTimestamp"))
+
+
+def cluster_of(queue: Mapping[str, Any]) -> str:
+    return str(queue.get("spec", {}).get("cluster") or naming.DEFAULT_CLUSTER)
+
+
+@dataclasses.dataclass
+class Tick:
+    """What one reconcile saw and did (returned for logs and tests)."""
+
+    cluster_map: ClusterMap | None = None
+    takeovers: list[Takeover] = dataclasses.field(default_factory=list)
+    problems: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+class Reconciler:
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        # Queue counts shown in `kubectl get queues`, read from a server now and then.
+        self._counts: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._locks_lock = threading.Lock()
+        # Last status written per object, so an unchanged status costs no request.
+        self._written: dict[tuple[str, str, str], Any] = {}
+
+    def _lock(self, namespace: str, name: str) -> threading.Lock:
+        with self._locks_lock:
+            return self._locks.setdefault((namespace, name), threading.Lock())
+
+    def reconcile(self, namespace: str, name: str) -> Tick:
+        with self._lock(namespace, name):
+            return self._reconcile(namespace, name)
+
+    def _reconcile(self, namespace: str, name: str) -> Tick:
+        owner = self.kube.get_custom("shardqclusters", namespace, name)
+        if owner is None:
+            return Tick()
+        # A cluster being deleted is still reconciled: its deletion waits (finalizer)
+        # until its Queues are gone, and their removal from the map is what lets them go.
+        spec = owner.get("spec", {})
+        queues = [q for q in self.kube.list_custom("queues", namespace) if cluster_of(q) == name]
+        live = {q["metadata"]["name"]: q for q in queues if not is_deleting(q)}
+        text = self.kube.read_map_text(namespace, name)
+        current = cluster_map_from_text(text) if text else None
+        try:
+            lease_ms = parse_duration_ms(str(spec.get("leaseDuration", "10s")))
+        except ValueError:
+            lease_ms = DEFAULT_LEASE_MS
+        desired = desired_map(
+            cluster=name,
+            namespace=namespace,
+            servers=int(spec.get("servers", 3)),
+            lease_duration_ms=lease_ms,
+            queues={queue_name: queue.get("spec", {}) for queue_name, queue in live.items()},
+            current=current,
+        )
+        cluster_map = desired.cluster_map
+        leases = self.kube.leases(namespace)
+        # Leases first: a server that sees a new shard in the map finds its lease.
+        known = set(current.shards()) if current is not None else set()
+        for shard in cluster_map.shards():
+            if shard in known:
+                continue
+            existing = leases.get(lease_name(shard))
+            record = lease_for_new_shard(
+                existing,
+                shard=shard,
+                replicas=cluster_map.replicas_of(shard),
+                now_ms=wall_clock_ms(),
+                duration_ms=cluster_map.lease_duration_ms,
+            )
+            if existing is None:
+                leases.create(record)
+            else:
+                leases.update(record)
+        for manifest in (
+            builders.service_account(owner),
+            builders.role(owner),
+            builders.role_binding(owner),
+            builders.map_config(owner, cluster_map),
+            builders.peers_service(owner),
+            builders.client_service(owner),
+            builders.disruption_budget(owner),
+            builders.stateful_set(owner, servers=desired.servers),
+        ):
+            self.kube.apply(manifest)
+        for queue_name, queue in live.items():
+            for index, replicas in enumerate(cluster_map.placement.get(queue_name, [])):
+                self.kube.apply(builders.shard(queue, index=index, replicas=replicas))
+        if current is None or current != cluster_map:
+            log.info("cluster %s/%s: map now has queues %s", namespace, name, sorted(cluster_map.placement))
+
+        pods = self.kube.server_pods(namespace, name)
+        servers = observe_servers(cluster_map.servers, pods)
+        held = {record.name: record for record in leases.list("")}
+        tick = Tick(cluster_map=cluster_map, problems=desired.problems)
+        now = wall_clock_ms()
+        for decision in choose_failovers(cluster=cluster_map, leases=held, servers=servers, now_ms=now):
+            if not isinstance(decision, Takeover):
+                continue
+            taken = build_takeover(
+                decision.lease, new_holder=decision.new_holder, now_ms=now, duration_ms=cluster_map.lease_duration_ms
+            )
+            try:
+                written = leases.update(build_isr_change(taken, isr_after_takeover(decision)))
+            except LeaseConflict:
+                continue  # someone wrote it since it was read: next tick decides again
+            held[written.name] = written
+            tick.takeovers.append(decision)
+            message = (
+                f"{decision.lease.name}: leadership {decision.lease.holder or 'nobody'} -> {decision.new_holder} "
+                f"at epoch {written.transitions} ({decision.reason.value})"
+            )
+            log.info("cluster %s/%s: %s", namespace, name, message)
+            self._event_on_queue(live, decision.lease, reason="Failover", message=message)
+        self._write_statuses(owner, live, cluster_map, desired, servers, held, now, pods)
+        return tick
+
+    def _queue_counts(self, namespace: str, queue: str, pods: list[Manifest]) -> dict[str, Any]:
+        """visible / inFlight / oldestAge of a queue, as a ready server reports it (at most
+        every COUNTS_EVERY_S; the last figures in between, none while no server answers)."""
+        key = (namespace, queue)
+        read_at, counts = self._counts.get(key, (0.0, {}))
+        if time.monotonic() - read_at < COUNTS_EVERY_S:
+            return counts
+        addresses = [address for pod in pods if is_ready(pod) and (address := pod_address(pod, naming.GRPC_PORT))]
+        for address in addresses:
+            try:
+                with Client(address, route_directly=False) as shardq_client:
+                    attributes = shardq_client.attributes(queue)
+            except ShardqError:
+                continue
+            counts = {
+                "visible": attributes.visible,
+                "inFlight": attributes.in_flight,
+                "oldestAge": format_duration_ms(attributes.oldest_age_ms) if attributes.oldest_age_ms else "",
+            }
+            break
+        self._counts[key] = (time.monotonic(), counts)
+        return counts
+
+    def _event_on_queue(self, live: Mapping[str, Manifest], lease: LeaseRecord, *, reason: str, message: str) -> None:
+        queue_name = lease.name.rpartition(".")[0]
+        queue = live.get(queue_name)
+        if queue is not None:
+            try:
+                self.kube.event(queue, reason=reason, message=message)
+            except Exception:  # an event is a courtesy; the takeover is done
+                log.warning("could not post event %s on queue %s", reason, queue_name, exc_info=True)
+
+    def _status(self, plural: str, resource: Manifest, status: dict[str, Any]) -> None:
+        metadata = resource["metadata"]
+        key = (plural, metadata["namespace"], metadata["name"])
+        comparable = {k: v for k, v in status.items() if k != "conditions"}
+        comparable["conditions"] = [
+            {k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status.get("conditions", [])
+        ]
+        if self._written.get(key) == comparable and resource.get("status", {}).get("observedGeneration") == status.get(
+            "observedGeneration"
+        ):
+            return
+        self.kube.patch_status(plural, metadata["namespace"], metadata["name"], status)
+        self._written[key] = comparable
+
+    def _write_statuses(
+        self,
+        owner: Manifest,
+        live: Mapping[str, Manifest],
+        cluster_map: ClusterMap,
+        desired: DesiredMap,
+        servers: Mapping[str, ServerObservation],
+        held: Mapping[str, LeaseRecord],
+        now: int,
+        pods: list[Manifest],
+    ) -> None:
+        namespace = owner["metadata"]["namespace"]
+        cluster = owner["metadata"]["name"]
+        ready = sorted(name for name, server in servers.items() if server.ready)
+        leads = dict.fromkeys(servers, 0)
+        serving: dict[str, bool] = {}
+        for shard in cluster_map.shards():
+            lease = held.get(lease_name(shard))
+            ok = lease is not None and lease.holder in ready and not is_expired(lease, now)
+            serving[lease_name(shard)] = ok
+            if lease is not None and lease.holder in leads:
+                leads[lease.holder] += 1
+        previous = owner.get("status", {}).get("conditions", [])
+        all_ready = len(ready) == len(servers)
+        conditions = [
+            condition(
+                previous,
+                "Ready",
+                all_ready and not desired.cluster_problem,
+                "AllServersReady" if all_ready else "ServersStarting",
+                desired.cluster_problem or f"{len(ready)} of {len(servers)} servers ready",
+            )
+        ]
+        self._status(
+            "shardqclusters",
+            owner,
+            {
+                "observedGeneration": owner["metadata"].get("generation", 0),
+                "readyServers": len(ready),
+                "queues": len(cluster_map.placement),
+                "servers": [
+                    {"name": name, "ready": servers[name].ready, "leads": leads[name], "load": 0.0}
+                    for name in sorted(servers)
+                ],
+                "conditions": conditions,
+            },
+        )
+        for queue_name, queue in live.items():
+            problem = desired.problems.get(queue_name, "")
+            shards: list[dict[str, Any]] = []
+            for index, replicas in enumerate(cluster_map.placement.get(queue_name, [])):
+                lease = held.get(f"{queue_name}.{index}")
+                shards.append(
+                    {
+                        "index": index,
+                        "leader": lease.holder if lease is not None else "",
+                        "epoch": lease.transitions if lease is not None else 0,
+                        "replicas": replicas,
+                    }
+                )
+            placed = queue_name in cluster_map.placement
+            led = placed and all(serving.get(f"{queue_name}.{index}", False) for index in range(len(shards)))
+            previous = queue.get("status", {}).get("conditions", [])
+            if problem and not placed:
+                ready_condition = condition(previous, "Ready", False, "Invalid", problem)
+            elif not led:
+                ready_condition = condition(
+                    previous, "Ready", False, "ShardsWithoutLeader", "some shard has no serving leader yet"
+                )
+            else:
+                ready_condition = condition(previous, "Ready", True, "AllShardsLed", f"{len(shards)} shards led")
+            short = sorted(
+                f"{queue_name}.{entry['index']}"
+                for entry in shards
+                if len(isr_of(held[f"{queue_name}.{entry['index']}"])) < len(entry["replicas"])
+                if f"{queue_name}.{entry['index']}" in held
+            )
+            queue_conditions = [
+                ready_condition,
+                condition(
+                    previous,
+                    "UnderReplicated",
+                    bool(short),
+                    "ReplicasCatchingUp" if short else "AllReplicasInSync",
+                    f"shards with a replica out of sync: {', '.join(short)}" if short else "every replica in sync",
+                ),
+                condition(
+                    previous,
+                    "Degraded",
+                    bool(problem) and placed,
+                    "SpecNotApplied" if problem else "AsSpecified",
+                    problem or "the queue runs as specified",
+                ),
+            ]
+            self._status(
+                "queues",
+                queue,
+                {
+                    "observedGeneration": queue["metadata"].get("generation", 0),
+                    "phase": "Ready"
+                    if ready_condition["status"] == "True"
+                    else ("Invalid" if problem and not placed else "Pending"),
+                    "endpoint": naming.client_endpoint(cluster, namespace),
+                    **(self._queue_counts(namespace, queue_name, pods) if placed else {}),
+                    "shards": shards,
+                    "conditions": queue_conditions,
+                },
+            )
+            for entry in shards:
+                lease = held.get(f"{queue_name}.{entry['index']}")
+                shard_object = builders.shard(queue, index=entry["index"], replicas=entry["replicas"])
+                shard_object["metadata"]["namespace"] = namespace
+                isr = sorted(isr_of(lease)) if lease is not None else []
+                self._status(
+                    "shards",
+                    shard_object,
+                    {
+                        "leader": entry["leader"],
+                        "epoch": entry["epoch"],
+                        "isr": isr,
+                        "isrText": ",".join(isr),
+                        "conditions": [
+                            condition([], "Ready", serving.get(f"{queue_name}.{entry['index']}", False), "Led", "")
+                        ],
+                    },
+                )

@@ -1,0 +1,155 @@
+"""The operator's pure parts: the cluster map its resources stand for, the manifests it
+writes, and servers as seen through pods."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from shardq_operator import builders, naming
+from shardq_operator.mapping import desired_map
+from shardq_operator.observing import observe_pod, observe_servers
+
+from shardq.coordination.cluster_map import CLUSTER_MAP_KEY, cluster_map_from_text
+
+CLUSTER: dict[str, Any] = {
+    "apiVersion": "shardq.io/v1alpha1",
+    "kind": "ShardqCluster",
+    "metadata": {"name": "main", "namespace": "shop", "uid": "u-1"},
+    "spec": {"servers": 3, "image": "localhost/shardq:abc", "imagePullPolicy": "Never", "storage": {"size": "2Gi"}},
+}
+
+
+def plan(queues: dict[str, dict[str, Any]], current: Any = None, servers: int = 3) -> Any:
+    return desired_map(
+        cluster="main", namespace="shop", servers=servers, lease_duration_ms=10_000, queues=queues, current=current
+    )
+
+
+def test_queues_are_placed_on_the_cluster_pods_with_replicas_on_distinct_servers() -> None:
+    result = plan({"orders": {"shards": 4, "replicas": 3}, "audit": {"cluster": "main"}})
+    cluster_map = result.cluster_map
+    assert sorted(cluster_map.servers) == ["main-shardq-0", "main-shardq-1", "main-shardq-2"]
+    assert cluster_map.servers["main-shardq-1"].address == "main-shardq-1.main-shardq-peers.shop.svc.cluster.local:7600"
+    assert len(cluster_map.placement["orders"]) == 4
+    assert all(len(set(replicas)) == 3 for replicas in cluster_map.placement["orders"])
+    # leaders spread: each server is the first replica of some orders shard
+    assert {replicas[0] for replicas in cluster_map.placement["orders"]} == set(cluster_map.servers)
+    assert result.problems == {}
+    # the resource's `cluster` field is not a queue setting
+    assert next(q for q in cluster_map.queues if q.name == "audit").spec == {}
+
+
+def test_placement_is_sticky_and_removed_queues_leave_the_map() -> None:
+    first = plan({"orders": {"shards": 2}, "audit": {}}).cluster_map
+    second = plan({"orders": {"shards": 2, "visibilityTimeout": "45s"}, "billing": {"shards": 3}}, current=first)
+    assert second.cluster_map.placement["orders"] == first.placement["orders"]
+    assert "audit" not in second.cluster_map.placement
+    assert len(second.cluster_map.placement["billing"]) == 3
+    orders = next(q for q in second.cluster_map.queues if q.name == "orders")
+    assert orders.config.visibility_timeout_ms == 45_000
+
+
+def test_a_change_the_servers_cannot_make_is_reported_and_the_old_queue_kept() -> None:
+    first = plan({"orders": {"shards": 2}}).cluster_map
+    second = plan({"orders": {"shards": 5}}, current=first)
+    assert "shards cannot change" in second.problems["orders"]
+    assert second.cluster_map.placement["orders"] == first.placement["orders"]
+
+
+def test_an_invalid_queue_or_one_needing_more_servers_is_reported_not_placed() -> None:
+    result = plan({"bad": {"visibilityTimeout": "soon"}, "wide": {"replicas": 5}, "fine": {}})
+    assert "visibilityTimeout" in result.problems["bad"]
+    assert "wide" in result.problems
+    assert sorted(result.cluster_map.placement) == ["fine"]
+
+
+def test_scaling_down_under_placed_replicas_keeps_the_servers_and_says_why() -> None:
+    first = plan({"orders": {"shards": 3}}).cluster_map
+    shrunk = plan({"orders": {"shards": 3}}, current=first, servers=2)
+    assert shrunk.servers == 3
+    assert "scaling down" in shrunk.cluster_problem
+    grown = plan({"orders": {"shards": 3}}, current=first, servers=5)
+    assert grown.servers == 5
+    assert grown.cluster_map.placement["orders"] == first.placement["orders"]
+
+
+def test_the_stateful_set_runs_servers_on_kubernetes_leases_following_the_map() -> None:
+    manifest = builders.stateful_set(CLUSTER, servers=3)
+    assert manifest["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    spec = manifest["spec"]
+    assert spec["replicas"] == 3
+    assert spec["serviceName"] == naming.peers_service("main")
+    container = spec["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert args[args.index("--lease-store") + 1] == "kubernetes"
+    assert args[args.index("--cluster-configmap") + 1] == naming.map_config("main")
+    assert args[args.index("--server-id") + 1] == "$(POD_NAME)"
+    assert "--queues-managed-by" in args
+    assert container["image"] == "localhost/shardq:abc"
+    assert container["readinessProbe"]["grpc"]["port"] == naming.GRPC_PORT
+    assert spec["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "2Gi"
+    assert spec["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Retain"
+    assert spec["template"]["spec"]["serviceAccountName"] == naming.account("main")
+
+
+def test_the_servers_may_touch_only_leases_and_their_own_map() -> None:
+    rules = builders.role(CLUSTER)["rules"]
+    assert {rule["resources"][0] for rule in rules} == {"leases", "configmaps"}
+    config_rule = next(rule for rule in rules if rule["resources"] == ["configmaps"])
+    assert config_rule["resourceNames"] == [naming.map_config("main")]
+    assert "delete" not in {verb for rule in rules for verb in rule["verbs"]}
+
+
+def test_the_map_config_holds_the_map_the_servers_parse() -> None:
+    cluster_map = plan({"orders": {"shards": 2}}).cluster_map
+    manifest = builders.map_config(CLUSTER, cluster_map)
+    assert cluster_map_from_text(manifest["data"][CLUSTER_MAP_KEY]) == cluster_map
+
+
+def test_the_peers_service_publishes_servers_before_they_are_ready() -> None:
+    spec = builders.peers_service(CLUSTER)["spec"]
+    assert spec["clusterIP"] == "None"
+    assert spec["publishNotReadyAddresses"] is True
+
+
+def pod(name: str, *, running: bool = True, ready: bool = True, deleting: bool = False) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-11-23T10:00:05Z"
+    state = {"running": {"startedAt": "2026-11-23T10:00:00Z"}} if running else {"waiting": {"reason": "x"}}
+    return {
+        "metadata": metadata,
+        "status": {
+            "phase": "Running" if running else "Pending",
+            "podIP": "198.18.0.7",
+            "containerStatuses": [{"name": "server", "state": state}],
+            "conditions": [
+                {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": "2026-11-23T10:00:02Z"}
+            ],
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("shape", "running", "ready"),
+    [
+        ({}, True, True),
+        ({"ready": False}, True, False),
+        ({"running": False, "ready": False}, False, False),
+        ({"deleting": True}, False, False),
+    ],
+)
+def test_a_pod_is_observed_as_its_server(shape: dict[str, bool], running: bool, ready: bool) -> None:
+    seen = observe_pod(pod("main-shardq-0", **shape))
+    assert (seen.running, seen.ready) == (running, ready)
+    if running:
+        assert seen.started_at_ms == 1_795_428_000_000
+    if ready:
+        assert seen.ready_since_ms == 1_795_428_002_000
+
+
+def test_a_server_without_a_pod_is_not_running() -> None:
+    servers = observe_servers(["main-shardq-0", "main-shardq-1"], [pod("main-shardq-0")])
+    assert servers["main-shardq-0"].ready
+    assert not servers["main-shardq-1"].running
