@@ -24,7 +24,7 @@ from prometheus_client import Counter
 from shard_server import metrics
 from shard_server.domain import acknowledging, housekeeping, receiving, sending
 from shard_server.domain.context import ShardContext
-from shard_server.domain.messages import Delivery, MessageRecord, NewMessage, format_message_id
+from shard_server.domain.messages import Delivery, MessageRecord, NewMessage
 from shard_server.domain.receiving import ClaimedMessage
 from shard_server.domain.routing import choose_shard
 from shard_server.domain.sending import SendOutcome
@@ -56,6 +56,15 @@ REMOTE_POLL_MS = 250
 # message (the first is taken whatever its size), and the search stops there,
 # so a response holds at most 32 + 16 MiB (the largest message) plus envelopes.
 RECEIVE_BYTES_BUDGET = 32 * 1024 * 1024
+
+
+@dataclasses.dataclass(slots=True)
+class Peeked:
+    """What a peek found: (shard, record, delivery) led here, and what other leaders
+    showed (passed through as they encoded it)."""
+
+    local: list[tuple[int, MessageRecord, Delivery]]
+    remote: list[queue_pb2.ReceivedMessage]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -496,34 +505,34 @@ class HostedQueue:
                     wake_at = min(wake_at, max(visible_at, now + 1))
             await self._wait_for_change((wake_at - now) / 1000)
 
-    async def peek(self, *, max_messages: int, shard: int | None, forwarded: bool) -> list[queue_pb2.ReceivedMessage]:
-        """The messages a receive would hand out now, oldest first, without claiming them."""
+    async def peek(self, *, max_messages: int, shard: int | None, forwarded: bool) -> Peeked:
+        """The messages a receive would hand out now, without claiming them: up to
+        `max_messages` per leader (the service merges them oldest first)."""
         if shard is not None and self.leader_here(shard) is None:
             if forwarded or self.router is None:
                 raise self.not_leader(shard)
             leader, _ = self.router.leader_of(self.config.name, shard)
-            return await self._peek_remote(leader, max_messages, shard)
+            return Peeked(local=[], remote=await self._peek_remote(leader, max_messages, shard))
         now = wall_clock_ms()
         local = [s for s in self.shards if s.is_local_leader() and (shard is None or s.index == shard)]
-        found: list[queue_pb2.ReceivedMessage] = []
+        found = Peeked(local=[], remote=[])
         for hosted in local:
 
-            def look(hosted: HostedShard = hosted) -> list[queue_pb2.ReceivedMessage]:
+            def look(hosted: HostedShard = hosted) -> list[tuple[int, MessageRecord, Delivery]]:
                 with hosted.environment.read() as tx:
                     pairs = [
                         (tx.get_record(seq), tx.get_delivery(seq))
                         for _, seq in tx.eligible(now, after=None, limit=max_messages)
                     ]
-                return [_peeked(hosted.index, r, d) for r, d in pairs if r is not None and d is not None]
+                return [(hosted.index, r, d) for r, d in pairs if r is not None and d is not None]
 
             # On the writer thread, after the batches already queued: a receive answered
             # before its commit is seen by a peek that follows it.
-            found += await hosted.committer.run_exclusive(look)
+            found.local += await hosted.committer.run_exclusive(look)
         if not forwarded and shard is None:
             for leader in self.remote_leaders():
-                found += await self._peek_remote(leader, max_messages, None)
-        found.sort(key=lambda message: message.sent_at_ms)
-        return found[:max_messages]
+                found.remote += await self._peek_remote(leader, max_messages, None)
+        return found
 
     async def _peek_remote(self, leader: str, max_messages: int, shard: int | None) -> list[queue_pb2.ReceivedMessage]:
         assert self.router is not None
@@ -760,22 +769,6 @@ class HostedQueue:
         for shard in self.shards:
             await shard.committer.close()
             shard.environment.close()
-
-
-def _peeked(shard: int, record: MessageRecord, delivery: Delivery) -> queue_pb2.ReceivedMessage:
-    """A message as a peek shows it: everything but a receipt (nothing was claimed)."""
-    return queue_pb2.ReceivedMessage(
-        message_id=format_message_id(sent_at_ms=record.sent_at_ms, shard=shard, seq=record.seq),
-        body=record.body,
-        attributes=record.attributes,
-        group_id=record.group_id,
-        dedup_id=record.dedup_id,
-        receive_count=delivery.receive_count,
-        sent_at_ms=record.sent_at_ms,
-        first_received_at_ms=delivery.first_received_at_ms,
-        shard=shard,
-        seq=record.seq,
-    )
 
 
 def _claim(

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from shard_server.domain.messages import NewMessage, format_message_id
+from shard_server.domain.messages import Delivery, MessageRecord, NewMessage, format_message_id
 from shard_server.domain.sending import SendOutcome
 from shard_server.domain.validation import validate_message, validate_send_batch
-from shard_server.runtime.hosting import Received
+from shard_server.runtime.hosting import Peeked, Received
 from shard_server.service.errors import entry_error
 from shardq.api.v1 import queue_pb2
 from shardq.errors import Reason
@@ -128,4 +128,28 @@ def config_to_proto(config: QueueConfig) -> queue_pb2.QueueConfig:
         nack_backoff_max_ms=config.nack_backoff_max_ms,
         journal_retention_ms=config.journal_retention_ms,
         replicas=config.replicas,
+    )
+
+
+def peeked_to_proto(peeked: Peeked, *, max_messages: int) -> queue_pb2.ReceiveMessagesResponse:
+    """The oldest `max_messages` of what every leader showed."""
+    messages = [_peeked(shard, record, delivery) for shard, record, delivery in peeked.local]
+    messages += peeked.remote
+    messages.sort(key=lambda message: message.sent_at_ms)
+    return queue_pb2.ReceiveMessagesResponse(messages=messages[:max_messages])
+
+
+def _peeked(shard: int, record: MessageRecord, delivery: Delivery) -> queue_pb2.ReceivedMessage:
+    """A message as a peek shows it: everything but a receipt (nothing was claimed)."""
+    return queue_pb2.ReceivedMessage(
+        message_id=format_message_id(sent_at_ms=record.sent_at_ms, shard=shard, seq=record.seq),
+        body=record.body,
+        attributes=record.attributes,
+        group_id=record.group_id,
+        dedup_id=record.dedup_id,
+        receive_count=delivery.receive_count,
+        sent_at_ms=record.sent_at_ms,
+        first_received_at_ms=delivery.first_received_at_ms,
+        shard=shard,
+        seq=record.seq,
     )

@@ -28,6 +28,7 @@ from shard_server.service.converting import (
     config_to_proto,
     entry_results_to_proto,
     messages_from_proto,
+    peeked_to_proto,
     received_frames,
     received_to_proto,
     send_response_to_proto,
@@ -135,13 +136,12 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             wait_ms=request.wait_time_ms,
         )
         if request.peek:
-            return queue_pb2.ReceiveMessagesResponse(
-                messages=await queue.peek(
-                    max_messages=request.max_messages,
-                    shard=_pinned_shard(request, queue.config.shards),
-                    forwarded=is_forwarded(context),
-                )
+            peeked = await queue.peek(
+                max_messages=request.max_messages,
+                shard=_pinned_shard(request, queue.config.shards),
+                forwarded=is_forwarded(context),
             )
+            return peeked_to_proto(peeked, max_messages=request.max_messages)
         received = await queue.receive(
             max_messages=request.max_messages,
             visibility_timeout_ms=visibility,

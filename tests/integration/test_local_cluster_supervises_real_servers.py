@@ -408,6 +408,16 @@ def test_a_queue_created_through_one_server_reaches_every_server_and_the_supervi
     with Client(third) as producer:
         for body in sorted(bodies):
             producer.send("payments", body)
+    with Client(first, route_directly=False) as looker:
+        # A peek through one server shows what every shard's leader holds, oldest first.
+        peeked = wait_for(
+            lambda: (found := looker.peek_messages("payments", max_messages=50)) and len(found) == 30 and found,
+            timeout=10,
+            what="a peek showing all 30 payments",
+        )
+        assert {message.body for message in peeked} == bodies
+        assert [m.sent_at_ms for m in peeked] == sorted(m.sent_at_ms for m in peeked)
+        assert {message.shard for message in peeked} == {0, 1}
     received: set[bytes] = set()
     with Client(second) as consumer:
 
