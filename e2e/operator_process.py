@@ -15,7 +15,9 @@ STOP_DEADLINE_S = 15.0
 
 
 @contextmanager
-def running_operator(kubeconfig: Path, namespace: str, log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+def running_operator(
+    kubeconfig: Path, namespace: str, log_path: Path, *, metrics_port: int = 0
+) -> Iterator[subprocess.Popen[bytes]]:
     with log_path.open("ab") as log:
         process = subprocess.Popen(
             [
@@ -26,6 +28,10 @@ def running_operator(kubeconfig: Path, namespace: str, log_path: Path) -> Iterat
                 namespace,
                 "--kubeconfig",
                 str(kubeconfig),
+                "--metrics-host",
+                "127.0.0.1",
+                "--metrics-port",
+                str(metrics_port),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

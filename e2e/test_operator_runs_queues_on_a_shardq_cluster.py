@@ -5,19 +5,25 @@ restarting a pod."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.crds import install_crds
 from e2e.operator_process import running_operator
 from e2e.polling import wait_for
 from e2e.realnode import RunningNode
 from shardq import Client, Message, ShardqError
+from shardq.api.v1 import queue_pb2, queue_pb2_grpc
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.realnode, pytest.mark.timeout(600)]
 
@@ -96,7 +102,9 @@ def test_queues_on_a_cluster_serve_fail_over_and_change_without_restarts(
 ) -> None:
     info = real_node.info
     namespace = node_namespace
-    with info.api_client() as api, running_operator(info.kubeconfig, namespace, tmp_path / "operator.log"):
+    metrics_port = free_port()
+    operator = running_operator(info.kubeconfig, namespace, tmp_path / "operator.log", metrics_port=metrics_port)
+    with info.api_client() as api, operator:
         install_crds(api)
         apply(
             api, namespace, "shardqclusters", "ShardqCluster", "main",
@@ -149,6 +157,16 @@ def test_queues_on_a_cluster_serve_fail_over_and_change_without_restarts(
             f"failover: {victim} -> {new_leader} epoch {epoch} -> {new_epoch} in {time.monotonic() - deleted_at:.1f}s"
         )
         assert drain(endpoint, "orders", 40) == set(first) | set(after)
+        # The operator counted the takeover and timed it from the pod's disappearance.
+        scraped = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+        samples = {
+            (sample.name, sample.labels.get("reason", "")): sample.value
+            for family in text_string_to_metric_families(scraped)
+            for sample in family.samples
+        }
+        assert samples[("shardq_operator_takeovers_total", "holder-died")] >= 1
+        assert samples[("shardq_operator_failover_seconds_count", "")] >= 1
+        assert samples[("shardq_operator_reconciles_total", "")] >= 1
 
         # A new queue on the running cluster, and a queue deleted: no server restarts.
         wait_for(
@@ -183,3 +201,65 @@ def test_queues_on_a_cluster_serve_fail_over_and_change_without_restarts(
         for name in ("orders", "orders-dlq"):
             client.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, namespace, "queues", name)
         wait_for(lambda: get(api, namespace, "shardqclusters", "main") is None, timeout=120, what="the cluster deleted")
+
+
+def test_leadership_moves_off_a_pod_whose_shards_are_hot(
+    real_node: RunningNode, node_namespace: str, tmp_path: Path
+) -> None:
+    info = real_node.info
+    namespace = node_namespace
+    metrics_port = free_port()
+    operator = running_operator(info.kubeconfig, namespace, tmp_path / "operator.log", metrics_port=metrics_port)
+    with info.api_client() as api, operator:
+        install_crds(api)
+        apply(
+            api, namespace, "shardqclusters", "ShardqCluster", "main",
+            {"servers": 3, "image": info.shardq_image, "imagePullPolicy": "Never", "leaseDuration": "3s",
+             "storage": {"size": "100Mi"}, "rebalance": {"mode": "auto", "maxMovesPerMinute": 6}},
+        )  # fmt: skip
+        # Six shards on three servers: each server leads two.
+        apply(api, namespace, "queues", "Queue", "hot", {"cluster": "main", "shards": 6, "replicas": 3})
+        wait_for(lambda: queue_ready(api, namespace, "hot"), timeout=READY_S, what="queue hot Ready")
+        leaders = shard_leaders(api, namespace, "hot")
+        busiest = leaders[0][0]
+        hot = sorted(index for index, (leader, _) in leaders.items() if leader == busiest)
+        assert len(hot) == 2, leaders
+        service_ip = client.CoreV1Api(api).read_namespaced_service("main-shardq", namespace).spec.cluster_ip
+
+        # About 40 sends a second to the two shards `busiest` leads, until one of them moves
+        # (bounded: at most 60 s).
+        moved: dict[int, tuple[str, int]] = {}
+        deadline = time.monotonic() + 60
+        sent = 0
+        next_look = time.monotonic() + 1
+        with grpc.insecure_channel(f"{service_ip}:7600") as channel:
+            stub = queue_pb2_grpc.QueueServiceStub(channel)
+            while time.monotonic() < deadline and not moved:
+                for index in hot:
+                    request = queue_pb2.SendMessagesRequest(
+                        queue="hot", shard=index, messages=[queue_pb2.MessageToSend(body=b"x" * 64)]
+                    )
+                    with contextlib.suppress(grpc.RpcError):  # a moving leader refuses briefly
+                        stub.SendMessages(request, timeout=5)
+                        sent += 1
+                time.sleep(0.05)
+                if time.monotonic() >= next_look:
+                    next_look = time.monotonic() + 1
+                    now = shard_leaders(api, namespace, "hot")
+                    moved = {index: now[index] for index in hot if now[index][0] != busiest}
+        assert moved, f"no hot shard moved off {busiest} after {sent} sends"
+        ((index, (new_leader, _)),) = moved.items()  # one move at a time
+        assert new_leader != busiest
+        scraped = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+        rebalanced = [
+            sample.value
+            for family in text_string_to_metric_families(scraped)
+            for sample in family.samples
+            if sample.name == "shardq_operator_takeovers_total" and sample.labels.get("reason") == "rebalance"
+        ]
+        assert rebalanced
+        assert rebalanced[0] >= 1
+        events = client.CoreV1Api(api).list_namespaced_event(namespace, field_selector="reason=Rebalance").items
+        assert any(f"hot.{index}" in event.message for event in events)
+        client.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, namespace, "queues", "hot")
+        wait_for(lambda: get(api, namespace, "queues", "hot") is None, timeout=60, what="queue hot deleted")

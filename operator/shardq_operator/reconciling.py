@@ -21,23 +21,33 @@ from shardq import Client, ShardqError
 from shardq.coordination.cluster_map import ClusterMap, cluster_map_from_text, lease_name
 from shardq.coordination.fencing import build_isr_change, build_takeover, is_expired, isr_of
 from shardq.coordination.leases import LeaseConflict, LeaseRecord
+from shardq.coordination.placement import ShardId
 from shardq.coordination.takeovers import (
     ServerObservation,
     Takeover,
+    TakeoverReason,
     choose_failovers,
+    choose_rebalancing,
     isr_after_takeover,
     lease_for_new_shard,
 )
 from shardq.durations import format_duration_ms, parse_duration_ms
-from shardq_operator import builders, naming
+from shardq_operator import builders, metrics, naming
 from shardq_operator.kube import Kube, Manifest
 from shardq_operator.mapping import DesiredMap, desired_map
 from shardq_operator.observing import observe_servers, pod_address
+from shardq_operator.statuses import leader_loads
 
 log = logging.getLogger(__name__)
 
 DEFAULT_LEASE_MS = 10_000
 COUNTS_EVERY_S = 5.0
+REBALANCE_EVERY_S = 5.0
+
+
+def _split(lease: str) -> tuple[str, int]:
+    queue, _, index = lease.rpartition(".")
+    return queue, int(index)
 
 
 def is_ready(pod: Mapping[str, Any]) -> bool:
@@ -89,6 +99,13 @@ class Reconciler:
         self.kube = kube
         # Queue counts shown in `kubectl get queues`, read from a server now and then.
         self._counts: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
+        # (namespace, server) -> monotonic time it was first seen down; its container's start.
+        self._down_since: dict[tuple[str, str], float] = {}
+        self._started: dict[tuple[str, str], int] = {}
+        # Rebalancing: when each cluster was last looked at, its recent moves, its proposals.
+        self._rebalanced_at: dict[tuple[str, str], float] = {}
+        self._moves: dict[tuple[str, str], list[float]] = {}
+        self._proposed: dict[tuple[str, str], list[str]] = {}
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_lock = threading.Lock()
         # Last status written per object, so an unchanged status costs no request.
@@ -99,8 +116,14 @@ class Reconciler:
             return self._locks.setdefault((namespace, name), threading.Lock())
 
     def reconcile(self, namespace: str, name: str) -> Tick:
+        label = f"{namespace}/{name}"
         with self._lock(namespace, name):
-            return self._reconcile(namespace, name)
+            metrics.RECONCILES.labels(label).inc()
+            try:
+                return self._reconcile(namespace, name)
+            except Exception:
+                metrics.RECONCILE_ERRORS.labels(label).inc()
+                raise
 
     def _reconcile(self, namespace: str, name: str) -> Tick:
         owner = self.kube.get_custom("shardqclusters", namespace, name)
@@ -166,6 +189,7 @@ class Reconciler:
         held = {record.name: record for record in leases.list("")}
         tick = Tick(cluster_map=cluster_map, problems=desired.problems)
         now = wall_clock_ms()
+        self._note_down_servers(namespace, servers)
         for decision in choose_failovers(cluster=cluster_map, leases=held, servers=servers, now_ms=now):
             if not isinstance(decision, Takeover):
                 continue
@@ -178,14 +202,94 @@ class Reconciler:
                 continue  # someone wrote it since it was read: next tick decides again
             held[written.name] = written
             tick.takeovers.append(decision)
+            label = f"{namespace}/{name}"
+            metrics.TAKEOVERS.labels(label, decision.reason.value).inc()
+            down_since = self._down_since.get((namespace, decision.lease.holder))
+            if down_since is not None and decision.reason is not TakeoverReason.REBALANCE:
+                metrics.FAILOVER_SECONDS.labels(label).observe(time.monotonic() - down_since)
             message = (
                 f"{decision.lease.name}: leadership {decision.lease.holder or 'nobody'} -> {decision.new_holder} "
                 f"at epoch {written.transitions} ({decision.reason.value})"
             )
             log.info("cluster %s/%s: %s", namespace, name, message)
             self._event_on_queue(live, decision.lease, reason="Failover", message=message)
+        if not tick.takeovers:
+            self._rebalance(owner, live, cluster_map, servers, held, pods, tick)
         self._write_statuses(owner, live, cluster_map, desired, servers, held, now, pods)
         return tick
+
+    def _rebalance(
+        self,
+        owner: Manifest,
+        live: Mapping[str, Manifest],
+        cluster_map: ClusterMap,
+        servers: Mapping[str, ServerObservation],
+        held: dict[str, LeaseRecord],
+        pods: list[Manifest],
+        tick: Tick,
+    ) -> None:
+        """Move leadership of hot shards off a hot server (spec.rebalance), throttled; in
+        `propose` mode only say so in the cluster's status."""
+        namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
+        key = (namespace, name)
+        settings = owner.get("spec", {}).get("rebalance", {})
+        mode = settings.get("mode", "auto")
+        if mode == "off" or time.monotonic() - self._rebalanced_at.get(key, 0.0) < REBALANCE_EVERY_S:
+            return
+        self._rebalanced_at[key] = time.monotonic()
+        recent = [at for at in self._moves.get(key, []) if time.monotonic() - at < 60]
+        self._moves[key] = recent
+        allowed = int(settings.get("maxMovesPerMinute", 6)) - len(recent)
+        if allowed <= 0:
+            return
+        addresses = [address for pod in pods if is_ready(pod) and (address := pod_address(pod, naming.GRPC_PORT))]
+        loads = leader_loads(addresses)
+        now = wall_clock_ms()
+        moves = choose_rebalancing(
+            cluster=cluster_map,
+            leases=held,
+            servers=servers,
+            shard_loads=loads,
+            now_ms=now,
+            max_moves=min(allowed, 1),
+            imbalance_threshold=max(float(settings.get("imbalanceThreshold", 1.5)) - 1.0, 0.0),
+        )
+        described = [
+            f"{move.lease.name}: {move.lease.holder} -> {move.new_holder} "
+            f"({loads.get(ShardId(*_split(move.lease.name)), 0.0):.0f} requests/s)"
+            for move in moves
+        ]
+        self._proposed[key] = described if mode == "propose" else []
+        if mode != "auto":
+            return
+        for move, text in zip(moves, described, strict=True):
+            taken = build_takeover(
+                move.lease, new_holder=move.new_holder, now_ms=now, duration_ms=cluster_map.lease_duration_ms
+            )
+            try:
+                written = self.kube.leases(namespace).update(build_isr_change(taken, isr_after_takeover(move)))
+            except LeaseConflict:
+                continue
+            held[written.name] = written
+            tick.takeovers.append(move)
+            self._moves[key].append(time.monotonic())
+            metrics.TAKEOVERS.labels(f"{namespace}/{name}", move.reason.value).inc()
+            log.info("cluster %s/%s: rebalance %s", namespace, name, text)
+            self._event_on_queue(
+                live, move.lease, reason="Rebalance", message=f"leadership moved off a hot server: {text}"
+            )
+
+    def _note_down_servers(self, namespace: str, servers: Mapping[str, ServerObservation]) -> None:
+        """When each server was first seen not running (or restarted), for failover timing."""
+        for name, server in servers.items():
+            key = (namespace, name)
+            started = self._started.get(key)
+            if not server.running or (started is not None and server.started_at_ms != started):
+                self._down_since.setdefault(key, time.monotonic())
+            else:
+                self._down_since.pop(key, None)
+            if server.running:
+                self._started[key] = server.started_at_ms
 
     def _queue_counts(self, namespace: str, queue: str, pods: list[Manifest]) -> dict[str, Any]:
         """visible / inFlight / oldestAge of a queue, as a ready server reports it (at most
@@ -211,13 +315,17 @@ class Reconciler:
         return counts
 
     def _event_on_queue(self, live: Mapping[str, Manifest], lease: LeaseRecord, *, reason: str, message: str) -> None:
-        queue_name = lease.name.rpartition(".")[0]
+        queue_name, index = _split(lease.name)
         queue = live.get(queue_name)
-        if queue is not None:
+        if queue is None:
+            return
+        shard = builders.shard(queue, index=index, replicas=[])
+        shard["metadata"]["namespace"] = queue["metadata"]["namespace"]
+        for involved in (queue, shard):
             try:
-                self.kube.event(queue, reason=reason, message=message)
+                self.kube.event(involved, reason=reason, message=message)
             except Exception:  # an event is a courtesy; the takeover is done
-                log.warning("could not post event %s on queue %s", reason, queue_name, exc_info=True)
+                log.warning("could not post event %s on %s", reason, lease.name, exc_info=True)
 
     def _status(self, plural: str, resource: Manifest, status: dict[str, Any]) -> None:
         metadata = resource["metadata"]
@@ -273,6 +381,7 @@ class Reconciler:
                 "observedGeneration": owner["metadata"].get("generation", 0),
                 "readyServers": len(ready),
                 "queues": len(cluster_map.placement),
+                "proposedMoves": self._proposed.get((namespace, cluster), []),
                 "servers": [
                     {"name": name, "ready": servers[name].ready, "leads": leads[name], "load": 0.0}
                     for name in sorted(servers)

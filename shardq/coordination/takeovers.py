@@ -209,6 +209,7 @@ def choose_rebalancing(
     shard_loads: Mapping[ShardId, float],
     now_ms: int,
     max_moves: int = 1,
+    imbalance_threshold: float = IMBALANCE_THRESHOLD,
 ) -> list[Takeover]:
     """Leadership moves off a hot server, only while the cluster is settled.
 
@@ -240,7 +241,7 @@ def choose_rebalancing(
     )
     if max(compute_leader_loads(state).values(), default=0.0) < MIN_LOAD_TO_REBALANCE:
         return []
-    moves = choose_leadership_moves(state, max_moves=max_moves, imbalance_threshold=IMBALANCE_THRESHOLD)
+    moves = choose_leadership_moves(state, max_moves=max_moves, imbalance_threshold=imbalance_threshold)
     return [
         Takeover(lease=by_shard[move.shard], new_holder=move.to_server, reason=TakeoverReason.REBALANCE)
         for move in moves

@@ -1,0 +1,24 @@
+"""The operator's own /metrics: reconciles, errors, failovers, and how long a shard was
+without a serving leader after its leader's pod went away."""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+
+RECONCILES = Counter("shardq_operator_reconciles", "Reconciles of a ShardqCluster", ["cluster"])
+RECONCILE_ERRORS = Counter("shardq_operator_reconcile_errors", "Reconciles that failed (retried)", ["cluster"])
+TAKEOVERS = Counter(
+    "shardq_operator_takeovers",
+    "Shard leases taken over, by reason (holder-died, holder-restarted, lease-expired, rebalance)",
+    ["cluster", "reason"],
+)
+FAILOVER_SECONDS = Histogram(
+    "shardq_operator_failover_seconds",
+    "From the moment the operator first saw a leader's server not running to the new lease written",
+    ["cluster"],
+    buckets=(0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60),
+)
+
+
+def serve_metrics(address: str, port: int) -> None:
+    start_http_server(port, addr=address, registry=REGISTRY)
