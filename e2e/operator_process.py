@@ -16,7 +16,7 @@ STOP_DEADLINE_S = 15.0
 
 @contextmanager
 def running_operator(
-    kubeconfig: Path, namespace: str, log_path: Path, *, metrics_port: int = 0
+    kubeconfig: Path, namespace: str, log_path: Path, *, metrics_port: int = 0, identity: str = ""
 ) -> Iterator[subprocess.Popen[bytes]]:
     with log_path.open("ab") as log:
         process = subprocess.Popen(
@@ -32,6 +32,7 @@ def running_operator(
                 "127.0.0.1",
                 "--metrics-port",
                 str(metrics_port),
+                *(("--identity", identity) if identity else ()),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

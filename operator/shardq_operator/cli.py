@@ -8,6 +8,14 @@ import pathlib
 
 import click
 
+SERVICE_ACCOUNT_NAMESPACE = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def _pod_namespace() -> str:
+    if not SERVICE_ACCOUNT_NAMESPACE.exists():
+        raise click.UsageError("--leader-lease-namespace (or --namespace) is needed outside a pod")
+    return SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+
 
 @click.command("operator")
 @click.option("--namespace", "namespaces", multiple=True, help="serve this namespace (repeatable); default: all")
@@ -22,12 +30,24 @@ import click
     "--metrics-port", type=int, default=9700, show_default=True, help="serve Prometheus /metrics here (0: off)"
 )
 @click.option("--metrics-host", default="0.0.0.0", show_default=True)
+@click.option(
+    "--leader-lease-namespace",
+    default=None,
+    help="where the replicas' leader Lease lives (default: the first --namespace, or the pod's namespace)",
+)
+@click.option("--leader-lease-duration", default="5s", show_default=True, help="how long a silent leader keeps acting")
+@click.option(
+    "--identity", default=None, help="this replica's name in the leader Lease (default: pod name, or host-pid)"
+)
 def operator_command(
     namespaces: tuple[str, ...],
     kubeconfig: pathlib.Path | None,
     standalone: bool,
     metrics_port: int,
     metrics_host: str,
+    leader_lease_namespace: str | None,
+    leader_lease_duration: str,
+    identity: str | None,
 ) -> None:
     """Reconcile ShardqCluster and Queue resources into shard servers, and fail shards over."""
     # Imported here: the CLI starts fast, and only this command needs kopf.
@@ -41,7 +61,22 @@ def operator_command(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if kubeconfig is not None:
         os.environ["KUBECONFIG"] = str(kubeconfig)  # kopf's own login reads it
-    handlers.use(Reconciler(Kube(connect(kubeconfig=kubeconfig))))
+    from shardq.coordination.kubernetes_leases import KubernetesLeaseStore
+    from shardq.durations import parse_duration_ms
+    from shardq_operator.leadership import OperatorLeadership, default_identity
+
+    lease_namespace = leader_lease_namespace or (namespaces[0] if namespaces else _pod_namespace())
+    try:
+        duration_ms = parse_duration_ms(leader_lease_duration)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--leader-lease-duration") from None
+    api = connect(kubeconfig=kubeconfig)
+    leadership = OperatorLeadership(
+        KubernetesLeaseStore(api, namespace=lease_namespace, watch=False),
+        identity=identity or default_identity(),
+        duration_ms=duration_ms,
+    )
+    handlers.use(Reconciler(Kube(api)), leadership)
     if metrics_port:
         try:
             metrics.serve_metrics(metrics_host, metrics_port)

@@ -16,22 +16,40 @@ import kopf
 from shardq import Client, ShardqError
 from shardq_operator import naming
 from shardq_operator.kube import Kube
+from shardq_operator.leadership import OperatorLeadership
 from shardq_operator.observing import pod_address
 from shardq_operator.reconciling import Reconciler, cluster_of
 
 log = logging.getLogger(__name__)
 
 TICK_S = 1.0
-_state: dict[str, Reconciler] = {}
+STANDBY_RETRY_S = 2
+_state: dict[str, object] = {}
 
 
-def use(reconciler: Reconciler) -> None:
-    """Set the reconciler the handlers use (the operator's entry point does, before kopf runs)."""
+def use(reconciler: Reconciler, leadership: OperatorLeadership) -> None:
+    """Set what the handlers use (the operator's entry point does, before kopf runs)."""
     _state["reconciler"] = reconciler
+    _state["leadership"] = leadership
 
 
 def _reconciler() -> Reconciler:
-    return _state["reconciler"]
+    reconciler = _state["reconciler"]
+    assert isinstance(reconciler, Reconciler)
+    return reconciler
+
+
+def _leading() -> bool:
+    leadership = _state["leadership"]
+    assert isinstance(leadership, OperatorLeadership)
+    return leadership.leading()
+
+
+def _require_leading() -> None:
+    """Handlers that must run once (creation, deletion) wait while another replica leads;
+    kopf retries them, and the leader's own run marks them done."""
+    if not _leading():
+        raise kopf.TemporaryError("another operator replica leads; standing by", delay=STANDBY_RETRY_S)
 
 
 @kopf.on.login()
@@ -62,6 +80,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 @kopf.timer(naming.GROUP, naming.VERSION, "shardqclusters", interval=TICK_S)
 def tick_cluster(namespace: str | None, name: str, **_: Any) -> None:
     assert namespace is not None, "shardq resources are namespaced"
+    if not _leading():
+        return  # the leading replica reconciles; this one looks again next tick
     _reconciler().reconcile(namespace, name)
 
 
@@ -70,6 +90,7 @@ def tick_cluster(namespace: str | None, name: str, **_: Any) -> None:
 @kopf.on.update(naming.GROUP, naming.VERSION, "queues")
 def queue_changed(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> None:
     assert namespace is not None, "shardq resources are namespaced"
+    _require_leading()
     cluster = cluster_of(body)
     reconciler = _reconciler()
     if reconciler.kube.get_custom("shardqclusters", namespace, cluster) is None:
@@ -97,6 +118,7 @@ def queue_changed(namespace: str | None, name: str, body: kopf.Body, **_: Any) -
 def queue_deleted(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> None:
     """Take the queue out of the map, then wait until no ready server still hosts it."""
     assert namespace is not None, "shardq resources are namespaced"
+    _require_leading()
     reconciler = _reconciler()
     cluster = cluster_of(body)
     if reconciler.kube.get_custom("shardqclusters", namespace, cluster) is None:
@@ -129,6 +151,7 @@ def _servers_hosting(kube: Kube, namespace: str, cluster: str, queue: str) -> li
 @kopf.on.delete(naming.GROUP, naming.VERSION, "shardqclusters")
 def cluster_deleted(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> None:
     assert namespace is not None, "shardq resources are namespaced"
+    _require_leading()
     kube = _reconciler().kube
     queues = sorted(q["metadata"]["name"] for q in kube.list_custom("queues", namespace) if cluster_of(q) == name)
     if queues:
