@@ -124,6 +124,7 @@ def latency_summary(samples: list[float]) -> dict[str, float | int]:
         "calls": len(ordered),
         "p50_ms": rank(0.50),
         "p99_ms": rank(0.99),
+        "p999_ms": rank(0.999),
         "max_ms": round(ordered[-1] * 1000, 3),
         "mean_ms": round(sum(ordered) / len(ordered) * 1000, 3),
     }

@@ -46,25 +46,6 @@ from shardq.types import Message
 MAX_SECONDS = 20.0
 
 
-def percentiles(samples: list[float]) -> dict[str, float | int]:
-    """Nearest-rank percentiles of latencies (seconds in, milliseconds out)."""
-    if not samples:
-        return {"calls": 0}
-    ordered = sorted(samples)
-
-    def rank(fraction: float) -> float:
-        index = min(len(ordered) - 1, max(0, int(fraction * len(ordered) + 0.5) - 1))
-        return round(ordered[index] * 1000, 3)
-
-    return {
-        "calls": len(ordered),
-        "p50_ms": rank(0.50),
-        "p99_ms": rank(0.99),
-        "p999_ms": rank(0.999),
-        "max_ms": round(ordered[-1] * 1000, 3),
-    }
-
-
 async def callers(
     concurrency: int, total: int, max_seconds: float, call: Callable[[int], Awaitable[int]]
 ) -> tuple[list[float], int]:
@@ -100,7 +81,7 @@ async def run_phase(
     meter.start()
     latencies, operations = await callers(concurrency, total, MAX_SECONDS, call)
     meter.stop()
-    result = {"phase": name, "concurrency": concurrency, **percentiles(latencies)}
+    result = {"phase": name, "concurrency": concurrency, **dataplane.latency_summary(latencies)}
     report = meter.report(len(latencies))
     result["calls_per_s"] = report["msgs_per_s"]
     result["operations"] = operations

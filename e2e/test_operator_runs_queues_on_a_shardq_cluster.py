@@ -36,6 +36,12 @@ def apply(api: client.ApiClient, namespace: str, plural: str, kind: str, name: s
     client.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, namespace, plural, body)
 
 
+def create_cluster(api: client.ApiClient, namespace: str, image: str, **spec: Any) -> None:
+    """ShardqCluster `main`: 3 servers of the node's image, 3 s leases, small volumes."""
+    defaults = {"servers": 3, "image": image, "imagePullPolicy": "Never", "leaseDuration": "3s"}
+    apply(api, namespace, "shardqclusters", "ShardqCluster", "main", {**defaults, "storage": {"size": "100Mi"}, **spec})
+
+
 def get(api: client.ApiClient, namespace: str, plural: str, name: str) -> dict[str, Any] | None:
     try:
         found: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
@@ -106,11 +112,7 @@ def test_queues_on_a_cluster_serve_fail_over_and_change_without_restarts(
     operator = running_operator(info.kubeconfig, namespace, tmp_path / "operator.log", metrics_port=metrics_port)
     with info.api_client() as api, operator:
         install_crds(api)
-        apply(
-            api, namespace, "shardqclusters", "ShardqCluster", "main",
-            {"servers": 3, "image": info.shardq_image, "imagePullPolicy": "Never", "leaseDuration": "3s",
-             "storage": {"size": "100Mi"}},
-        )  # fmt: skip
+        create_cluster(api, namespace, info.shardq_image)
         apply(api, namespace, "queues", "Queue", "orders-dlq", {"cluster": "main", "shards": 1, "replicas": 3})
         apply(
             api, namespace, "queues", "Queue", "orders",
@@ -212,11 +214,7 @@ def test_leadership_moves_off_a_pod_whose_shards_are_hot(
     operator = running_operator(info.kubeconfig, namespace, tmp_path / "operator.log", metrics_port=metrics_port)
     with info.api_client() as api, operator:
         install_crds(api)
-        apply(
-            api, namespace, "shardqclusters", "ShardqCluster", "main",
-            {"servers": 3, "image": info.shardq_image, "imagePullPolicy": "Never", "leaseDuration": "3s",
-             "storage": {"size": "100Mi"}, "rebalance": {"mode": "auto", "maxMovesPerMinute": 6}},
-        )  # fmt: skip
+        create_cluster(api, namespace, info.shardq_image, rebalance={"mode": "auto", "maxMovesPerMinute": 6})
         # Six shards on three servers: each server leads two.
         apply(api, namespace, "queues", "Queue", "hot", {"cluster": "main", "shards": 6, "replicas": 3})
         wait_for(lambda: queue_ready(api, namespace, "hot"), timeout=READY_S, what="queue hot Ready")
@@ -283,11 +281,7 @@ def test_a_standby_operator_takes_over_when_the_active_one_is_killed(
             )
             for identity in ("op-a", "op-b")
         }
-        apply(
-            api, namespace, "shardqclusters", "ShardqCluster", "main",
-            {"servers": 3, "image": info.shardq_image, "imagePullPolicy": "Never", "leaseDuration": "3s",
-             "storage": {"size": "100Mi"}, "rebalance": {"mode": "off"}},
-        )  # fmt: skip
+        create_cluster(api, namespace, info.shardq_image, rebalance={"mode": "off"})
         apply(api, namespace, "queues", "Queue", "orders", {"cluster": "main", "shards": 2, "replicas": 3})
         wait_for(lambda: queue_ready(api, namespace, "orders"), timeout=READY_S, what="queue orders Ready")
         leases = client.CoordinationV1Api(api)

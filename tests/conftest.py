@@ -52,20 +52,18 @@ def client(server: ServerProcess) -> Iterator[Client]:
 @pytest.fixture
 def cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
     """Three replicated servers (s1..s3) over a local lease store, stopped after the test."""
-    cluster = Cluster(tmp_path)
-    try:
-        for server in SERVERS:
-            cluster.start(server)
-        yield cluster
-    finally:
-        cluster.stop_all()
+    yield from running(Cluster(tmp_path))
 
 
 @pytest.fixture
 def kubernetes_cluster(tmp_path: pathlib.Path, kubeconfig: pathlib.Path, namespace: str) -> Iterator[Cluster]:
     """The same three servers, holding their shard leases as Lease objects on the real
     control plane (`--lease-store kubernetes`, read through a watch)."""
-    cluster = Cluster(tmp_path, kubernetes=KubernetesLeases(kubeconfig, namespace))
+    yield from running(Cluster(tmp_path, kubernetes=KubernetesLeases(kubeconfig, namespace)))
+
+
+def running(cluster: Cluster) -> Iterator[Cluster]:
+    """`cluster` with every server started, stopped after the test whatever happened."""
     try:
         for server in SERVERS:
             cluster.start(server)

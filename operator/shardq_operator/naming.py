@@ -11,8 +11,6 @@ DATA_PATH = "/data"
 MANAGED_BY = "shardq-operator"
 # A Queue that names no cluster is placed on this one (the chart can create it).
 DEFAULT_CLUSTER = "default"
-CLUSTER_FINALIZER = "shardq.io/queues-first"
-QUEUE_FINALIZER = "shardq.io/data-removed"
 
 
 def server_set(cluster: str) -> str:

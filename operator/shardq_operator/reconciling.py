@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import logging
 import threading
 import time
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 DEFAULT_LEASE_MS = 10_000
 COUNTS_EVERY_S = 5.0
 REBALANCE_EVERY_S = 5.0
+REAPPLY_S = 60.0
 
 
 def _split(lease: str) -> tuple[str, int]:
@@ -108,8 +110,24 @@ class Reconciler:
         self._proposed: dict[tuple[str, str], list[str]] = {}
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_lock = threading.Lock()
+        # What was last applied per object, and when (see _apply).
+        self._applied: dict[tuple[str, str, str], tuple[str, float]] = {}
         # Last status written per object, so an unchanged status costs no request.
         self._written: dict[tuple[str, str, str], Any] = {}
+
+    def _apply(self, manifest: Manifest) -> None:
+        """Apply `manifest` when it differs from what this operator last applied, and every
+        object again every REAPPLY_S (undoing hand edits and recreating deleted objects):
+        a reconcile runs every second, and applying a dozen unchanged objects each time
+        would be a steady stream of writes to the API server."""
+        metadata = manifest["metadata"]
+        key = (manifest["kind"], metadata["namespace"], metadata["name"])
+        text = json.dumps(manifest, sort_keys=True)
+        applied = self._applied.get(key)
+        if applied is not None and applied[0] == text and time.monotonic() - applied[1] < REAPPLY_S:
+            return
+        self.kube.apply(manifest)
+        self._applied[key] = (text, time.monotonic())
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_lock:
@@ -177,10 +195,10 @@ class Reconciler:
             builders.disruption_budget(owner),
             builders.stateful_set(owner, servers=desired.servers),
         ):
-            self.kube.apply(manifest)
+            self._apply(manifest)
         for queue_name, queue in live.items():
             for index, replicas in enumerate(cluster_map.placement.get(queue_name, [])):
-                self.kube.apply(builders.shard(queue, index=index, replicas=replicas))
+                self._apply(builders.shard(queue, index=index, replicas=replicas))
         if current is None or current != cluster_map:
             log.info("cluster %s/%s: map now has queues %s", namespace, name, sorted(cluster_map.placement))
 

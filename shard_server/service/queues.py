@@ -197,7 +197,11 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
     async def GetQueueAttributes(
         self, request: queue_pb2.GetQueueAttributesRequest, context: Context
     ) -> queue_pb2.QueueAttributes:
-        queue = self.host.get(request.queue)
+        return await self._attributes(self.host.get(request.queue), forwarded=is_forwarded(context))
+
+    async def _attributes(self, queue: HostedQueue, *, forwarded: bool) -> queue_pb2.QueueAttributes:
+        """The queue's counts: its shards led here, and (unless this call was forwarded)
+        the other shards' from their leaders."""
         # Counting scans the index past `now`: keep it off the event loop.
         # One pass picks the led shards and reads them, so leadership moving in
         # between cannot pair a shard with another's counts.
@@ -215,8 +219,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             )
             for shard, s in stats
         ]
-        if not is_forwarded(context) and queue.router is not None:
-            # The other shards' counts come from their leaders.
+        if not forwarded and queue.router is not None:
             for leader in queue.remote_leaders():
                 try:
                     remote = await queue.router.calls.queue_attributes(leader, queue.config.name, timeout_s=10)
@@ -272,7 +275,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         if queue.router is None:
             return queue_pb2.DeleteQueueResponse(messages_deleted=await self.admin.delete(request.queue))
         # In a cluster this server holds some shards (or none): count on every leader first.
-        held = await self.GetQueueAttributes(queue_pb2.GetQueueAttributesRequest(queue=request.queue), context)
+        held = await self._attributes(queue, forwarded=False)
         await self.admin.delete(request.queue)
         return queue_pb2.DeleteQueueResponse(messages_deleted=held.visible + held.in_flight + held.delayed)
 
