@@ -232,13 +232,23 @@ class ShardCollector(Collector):
             size,
         )
         limit_families: dict[str, GaugeMetricFamily] = {}
+        # Which queues are dead-letter queues: an alert on their depth needs to know, and
+        # only the source queue's redrive policy says so.
+        dead_letter_targets = gauge(
+            "shardq_queue_dead_letter_target",
+            "1 for each queue whose dead letters go to dead_letter_queue.",
+            ("queue", "dead_letter_queue"),
+        )
         for config in self._queues():
             for name, documentation, value in _limits(config):
                 family = limit_families.get(name)
                 if family is None:
                     family = limit_families[name] = gauge(name, documentation, ("queue",))
                 family.add_metric([config.name], value)
+            if config.dead_letter_queue:
+                dead_letter_targets.add_metric([config.name, config.dead_letter_queue], 1)
         yield from limit_families.values()
+        yield dead_letter_targets
 
 
 class _MetricsHandler(BaseHTTPRequestHandler):
