@@ -2,7 +2,7 @@
 
 - `localhost/pause:shardq`: the pod sandbox, a 20-line static Go program.
 - `localhost/shardq:<hash>`: Debian bookworm (debootstrap --variant=minbase, python3)
-  with shardq and its server dependencies installed from wheels downloaded on the
+  with shardq and its server and operator dependencies installed from wheels downloaded on the
   host; pip inside the chroot cannot reach the package index here. The tag is the
   content hash of the wheel set and this recipe, so an unchanged image is reused.
 
@@ -40,8 +40,8 @@ DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 # What the image's root file system holds besides minbase; the Dockerfile installs the same.
 DEBIAN_PACKAGES = ("python3", "python3-pip", "tini")
-# What pip installs into it: shardq with the server's dependencies.
-PIP_REQUIREMENT = "shardq[server]"
+# What pip installs into it: shardq with the server's and the operator's dependencies (one image runs both).
+PIP_REQUIREMENT = "shardq[server,operator]"
 PAUSE_IMAGE = "localhost/pause:shardq"
 # Where the wheels sit inside the image's root while pip installs them (removed after).
 WHEELS_IN_IMAGE = "/tmp/wheels"
