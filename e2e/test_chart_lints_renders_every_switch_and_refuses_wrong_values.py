@@ -1,0 +1,187 @@
+"""charts/shardq: `helm lint --strict` is clean, defaults render the operator and
+nothing optional, each switch of values.yaml adds exactly its resources, and a wrong
+value is refused by values.schema.json with a message naming it (helm names the field
+by its JSON pointer: `/operator/replicas`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from e2e.binaries import Binaries
+from e2e.helm import CHART, EVERY_SWITCH, helm, kinds_and_names, only, render, template_args
+
+pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(120)]
+
+NAMESPACE = "shardq-system"
+ALERTS = {
+    "ShardqDeadLetters",
+    "ShardqOldestMessageOverSla",
+    "ShardqShardWithoutLeader",
+    "ShardqShardUnderReplicated",
+    "ShardqQueueFull",
+    "ShardqOperatorNotReconciling",
+}
+# What the defaults make: the operator, its rights, `helm test` and the uninstall hooks.
+DEFAULTS = {
+    ("ServiceAccount", "shardq-operator"),
+    ("ClusterRole", "shardq-operator"),
+    ("ClusterRole", "shardq-operator-crds"),
+    ("ClusterRoleBinding", "shardq-operator"),
+    ("ClusterRoleBinding", "shardq-operator-crds"),
+    ("Deployment", "shardq-operator"),
+    ("PodDisruptionBudget", "shardq-operator"),
+    ("Queue", "helm-test"),
+    ("Pod", "shardq-test"),
+    ("ServiceAccount", "shardq-cleanup"),
+    ("Role", "shardq-cleanup"),
+    ("RoleBinding", "shardq-cleanup"),
+    ("Job", "shardq-cleanup-pre-delete"),
+    ("Job", "shardq-cleanup-post-delete"),
+}
+
+
+def test_helm_lint_strict_is_clean_with_defaults_and_every_switch(binaries: Binaries) -> None:
+    for sets in ((), EVERY_SWITCH):
+        args = ["lint", "--strict", str(CHART)]
+        for value in sets:
+            args += ["--set", value]
+        done = helm(binaries, *args)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "[WARNING]" not in done.stdout, done.stdout
+        assert "[ERROR]" not in done.stdout, done.stdout
+
+
+def test_defaults_render_the_operator_with_two_replicas_and_nothing_optional(binaries: Binaries) -> None:
+    manifests = render(binaries, namespace=NAMESPACE)
+    assert kinds_and_names(manifests) == DEFAULTS
+    deployment = only(manifests, "Deployment")
+    assert deployment["metadata"]["namespace"] == NAMESPACE
+    assert deployment["spec"]["replicas"] == 2
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "localhost/shardq:0.1.0"
+    assert container["args"][:2] == ["shardq", "operator"]
+    assert f"--leader-lease-namespace={NAMESPACE}" in container["args"]
+    assert "--metrics-port=9700" in container["args"]
+    assert not [arg for arg in container["args"] if arg.startswith("--namespace")], "all namespaces by default"
+    assert {"name": "metrics", "containerPort": 9700} in container["ports"]
+    assert [env["name"] for env in container["env"]] == ["POD_NAME"]
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "shardq-operator"
+
+
+@pytest.mark.parametrize(
+    ("switch", "added"),
+    [
+        ("cluster.create=true", {("ShardqCluster", "default")}),
+        ("examples.enabled=true", {("Queue", "orders"), ("Queue", "orders-dlq")}),
+        ("monitoring.podMonitor.enabled=true", {("PodMonitor", "shardq-servers"), ("PodMonitor", "shardq-operator")}),
+        ("monitoring.prometheusRule.enabled=true", {("PrometheusRule", "shardq")}),
+        ("monitoring.dashboard.enabled=true", {("ConfigMap", "shardq-dashboard")}),
+        ("queues[0].name=audit", {("Queue", "audit")}),
+    ],
+)
+def test_each_switch_adds_exactly_its_resources(binaries: Binaries, switch: str, added: set[tuple[str, str]]) -> None:
+    assert kinds_and_names(render(binaries, switch)) == DEFAULTS | added
+
+
+@pytest.mark.parametrize(
+    ("switch", "removed"),
+    [
+        ("tests.enabled=false", {("Queue", "helm-test"), ("Pod", "shardq-test")}),
+        (
+            "cleanup.enabled=false",
+            {
+                ("ServiceAccount", "shardq-cleanup"),
+                ("Role", "shardq-cleanup"),
+                ("RoleBinding", "shardq-cleanup"),
+                ("Job", "shardq-cleanup-pre-delete"),
+                ("Job", "shardq-cleanup-post-delete"),
+            },
+        ),
+        ("operator.podDisruptionBudget.enabled=false", {("PodDisruptionBudget", "shardq-operator")}),
+    ],
+)
+def test_each_default_part_can_be_switched_off(binaries: Binaries, switch: str, removed: set[tuple[str, str]]) -> None:
+    assert kinds_and_names(render(binaries, switch)) == DEFAULTS - removed
+
+
+def test_every_switch_renders_a_cluster_queues_and_monitoring_from_values(binaries: Binaries) -> None:
+    manifests = render(binaries, *EVERY_SWITCH, "cluster.servers=5", "cluster.storage.size=20Gi")
+    cluster = only(manifests, "ShardqCluster")
+    assert cluster["spec"]["servers"] == 5
+    assert cluster["spec"]["storage"] == {"size": "20Gi", "retainOnDelete": True}
+    assert cluster["spec"]["image"] == "localhost/shardq:0.1.0"
+    queues = {m["metadata"]["name"]: m["spec"] for m in manifests if m["kind"] == "Queue"}
+    assert queues["orders"]["redrivePolicy"] == {"deadLetterQueue": "orders-dlq", "maxReceiveCount": 5}
+    assert queues["audit"] == {"cluster": "default", "fifo": True}
+    assert all(spec["cluster"] == "default" for spec in queues.values())
+    rule = only(manifests, "PrometheusRule")
+    alerts = {r["alert"] for group in rule["spec"]["groups"] for r in group["rules"] if "alert" in r}
+    assert alerts == ALERTS
+    dashboard = only(manifests, "ConfigMap")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["shardq.json"])["uid"] == "shardq-overview"
+
+
+def test_each_alert_can_be_turned_off_alone(binaries: Binaries) -> None:
+    keys = {
+        "ShardqDeadLetters": "deadLetters",
+        "ShardqOldestMessageOverSla": "oldestMessage",
+        "ShardqShardWithoutLeader": "shardWithoutLeader",
+        "ShardqShardUnderReplicated": "underReplicated",
+        "ShardqQueueFull": "queueFull",
+        "ShardqOperatorNotReconciling": "operatorNotReconciling",
+    }
+    for alert, key in keys.items():
+        manifests = render(
+            binaries,
+            "monitoring.prometheusRule.enabled=true",
+            f"monitoring.prometheusRule.alerts.{key}.enabled=false",
+        )
+        groups = only(manifests, "PrometheusRule")["spec"]["groups"]
+        assert {r["alert"] for g in groups for r in g["rules"] if "alert" in r} == ALERTS - {alert}
+
+
+def test_watching_named_namespaces_binds_the_rights_there_only(binaries: Binaries) -> None:
+    manifests = render(binaries, "operator.watchNamespaces={shop,billing}", namespace=NAMESPACE)
+    names = kinds_and_names(manifests)
+    assert ("ClusterRoleBinding", "shardq-operator") not in names
+    bindings = sorted(m["metadata"]["namespace"] for m in manifests if m["kind"] == "RoleBinding")
+    # The served namespaces, the release's (the leader Lease), and the cleanup hook's.
+    assert bindings == sorted(["shop", "billing", NAMESPACE, NAMESPACE])
+    (container,) = only(manifests, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert "--namespace=shop" in container["args"]
+    assert "--namespace=billing" in container["args"]
+
+
+@pytest.mark.parametrize(
+    ("wrong", "named"),
+    [
+        ("operator.replicas=two", "/operator/replicas"),
+        ("operator.replicas=0", "/operator/replicas"),
+        ("operator.leaderLeaseDuration=5 seconds", "/operator/leaderLeaseDuration"),
+        ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
+        ("cluster.servers=0", "/cluster/servers"),
+        ("cluster.name=Not_A_Label", "/cluster/name"),
+        ("cluster.storage.size=lots", "/cluster/storage/size"),
+        ("cluster.rebalance.mode=sometimes", "/cluster/rebalance/mode"),
+        ("monitoring.podMonitor.enable=true", "'enable' not allowed"),
+        (
+            "monitoring.prometheusRule.alerts.queueFull.severity=page",
+            "/monitoring/prometheusRule/alerts/queueFull/severity",
+        ),
+        (
+            "monitoring.prometheusRule.alerts.oldestMessage.perQueue.orders=soon",
+            "/monitoring/prometheusRule/alerts/oldestMessage/perQueue/orders",
+        ),
+        ("queues[0].name=Orders", "/queues/0/name"),
+        ("tests.queue=", "/tests/queue"),
+    ],
+)
+def test_a_wrong_value_is_refused_naming_it(binaries: Binaries, wrong: str, named: str) -> None:
+    done = helm(binaries, *template_args(wrong))
+    assert done.returncode != 0, f"{wrong} was accepted"
+    assert "values don't meet the specifications of the schema" in done.stderr, done.stderr
+    assert named in done.stderr, done.stderr
+    assert done.stdout == "", "nothing is rendered"
