@@ -1,0 +1,205 @@
+"""charts/shardq on the real node, as a platform team runs it: a wrong value refuses
+`helm install`; `helm install --wait` makes the operator Deployment Available (two pods,
+one holding the leader Lease, serving /metrics); the chart's ShardqCluster and example
+Queues become Ready; `helm test` sends and receives through its test Queue; and `helm
+uninstall` leaves only what the user chose to keep (the CRDs, and the servers' volumes
+with retainOnDelete)."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from e2e.binaries import Binaries
+from e2e.helm import CHART, helm
+from e2e.polling import wait_for
+from e2e.realnode import RunningNode
+
+pytestmark = [pytest.mark.realnode, pytest.mark.timeout(600)]
+
+GROUP, VERSION = "shardq.io", "v1alpha1"
+RELEASE = "shardq"
+READY_S = 240.0
+SERVERS = 3
+
+
+def timed(what: str, started: float) -> None:
+    print(f"chart on the real node: {what} after {time.monotonic() - started:.1f}s")
+
+
+def custom_objects(api: client.ApiClient, namespace: str, plural: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        GROUP, VERSION, namespace, plural
+    )["items"]
+    return items
+
+
+def conditions(resource: dict[str, Any]) -> dict[str, str]:
+    return {c["type"]: c["status"] for c in resource.get("status", {}).get("conditions", [])}
+
+
+def ready_queues(api: client.ApiClient, namespace: str) -> set[str]:
+    """Queues that are Ready with every replica in sync (what a platform team waits for)."""
+    return {
+        queue["metadata"]["name"]
+        for queue in custom_objects(api, namespace, "queues")
+        if conditions(queue).get("Ready") == "True" and conditions(queue).get("UnderReplicated") == "False"
+    }
+
+
+def leftovers(api: client.ApiClient, namespace: str) -> dict[str, list[str]]:
+    """What is left in the namespace besides what Kubernetes itself puts in every one."""
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    rbac, batch = client.RbacAuthorizationV1Api(api), client.BatchV1Api(api)
+    coordination, policy = client.CoordinationV1Api(api), client.PolicyV1Api(api)
+
+    def names(listing: Any, *, ignore: tuple[str, ...] = ()) -> list[str]:
+        return sorted(item.metadata.name for item in listing.items if item.metadata.name not in ignore)
+
+    found = {
+        "pods": names(core.list_namespaced_pod(namespace)),
+        "services": names(core.list_namespaced_service(namespace)),
+        "configmaps": names(core.list_namespaced_config_map(namespace), ignore=("kube-root-ca.crt",)),
+        "serviceaccounts": names(core.list_namespaced_service_account(namespace), ignore=("default",)),
+        "persistentvolumeclaims": names(core.list_namespaced_persistent_volume_claim(namespace)),
+        "deployments": names(apps.list_namespaced_deployment(namespace)),
+        "statefulsets": names(apps.list_namespaced_stateful_set(namespace)),
+        "jobs": names(batch.list_namespaced_job(namespace)),
+        "roles": names(rbac.list_namespaced_role(namespace)),
+        "rolebindings": names(rbac.list_namespaced_role_binding(namespace)),
+        "leases": names(coordination.list_namespaced_lease(namespace)),
+        "poddisruptionbudgets": names(policy.list_namespaced_pod_disruption_budget(namespace)),
+    }
+    for plural in ("shardqclusters", "queues", "shards"):
+        found[plural] = sorted(item["metadata"]["name"] for item in custom_objects(api, namespace, plural))
+    return {kind: items for kind, items in found.items() if items}
+
+
+def without_shard_leases(found: dict[str, list[str]]) -> dict[str, list[str]]:
+    """`found` without the Leases of shards (`<queue>.<index>`); the operator's own leader
+    Lease, `shardq-operator`, is still counted."""
+    leases = [name for name in found.get("leases", []) if not re.fullmatch(r"[a-z0-9-]+\.[0-9]+", name)]
+    rest = {kind: names for kind, names in found.items() if kind != "leases"}
+    return {**rest, "leases": leases} if leases else rest
+
+
+def release_cluster_objects(api: client.ApiClient) -> list[str]:
+    rbac = client.RbacAuthorizationV1Api(api)
+    selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/managed-by=Helm"
+    return sorted(
+        [f"clusterrole/{r.metadata.name}" for r in rbac.list_cluster_role(label_selector=selector).items]
+        + [
+            f"clusterrolebinding/{b.metadata.name}"
+            for b in rbac.list_cluster_role_binding(label_selector=selector).items
+        ]
+    )
+
+
+def test_the_chart_installs_serves_passes_helm_test_and_uninstalls_cleanly(
+    real_node: RunningNode, node_namespace: str, binaries: Binaries
+) -> None:
+    info = real_node.info
+    namespace = node_namespace
+    repository, tag = info.shardq_image.rsplit(":", 1)
+    kube = ("--kubeconfig", str(info.kubeconfig), "--namespace", namespace)
+    values = (
+        f"image.repository={repository}",
+        f"image.tag={tag}",
+        "image.pullPolicy=Never",
+        "cluster.create=true",
+        f"cluster.servers={SERVERS}",
+        "cluster.leaseDuration=3s",
+        "cluster.storage.size=100Mi",
+        "examples.enabled=true",
+    )
+    sets = [arg for value in values for arg in ("--set", value)]
+
+    # A wrong value: nothing is installed, and the message names the field.
+    refused = helm(binaries, "install", "wrong", CHART, *kube, *sets, "--set", "operator.replicas=two")
+    assert refused.returncode != 0
+    assert "/operator/replicas" in refused.stderr, refused.stderr
+    assert "wrong" not in helm(binaries, "list", "--short", *kube).stdout
+
+    started = time.monotonic()
+    installed = helm(binaries, "install", RELEASE, CHART, *kube, *sets, "--wait", "--timeout", "4m", timeout=300)
+    assert installed.returncode == 0, installed.stderr
+    timed("helm install --wait (operator Deployment Available)", started)
+    assert "helm test shardq" in installed.stdout, "NOTES.txt says what to do next"
+
+    with info.api_client() as api:
+        core = client.CoreV1Api(api)
+        deployment = client.AppsV1Api(api).read_namespaced_deployment(f"{RELEASE}-operator", namespace)
+        available = {c.type: c.status for c in deployment.status.conditions or []}
+        assert available.get("Available") == "True"
+        assert deployment.status.ready_replicas == 2
+        operators = core.list_namespaced_pod(
+            namespace, label_selector=f"app.kubernetes.io/name=shardq-operator,app.kubernetes.io/instance={RELEASE}"
+        ).items
+        assert len(operators) == 2
+        # One of the two pods leads, through the Lease in the release's namespace.
+        lease = wait_for(
+            lambda: client.CoordinationV1Api(api).read_namespaced_lease("shardq-operator", namespace),
+            timeout=60,
+            what="the operator's leader Lease",
+            retry_on=(ApiException,),
+        )
+        assert lease.spec.holder_identity in {pod.metadata.name for pod in operators}
+
+        ready = wait_for(
+            lambda: ready_queues(api, namespace) >= {"orders", "orders-dlq"} or None,
+            timeout=READY_S,
+            what="the example Queues Ready with every replica in sync",
+        )
+        assert ready
+        timed("the chart's ShardqCluster and example Queues Ready", started)
+        (cluster,) = custom_objects(api, namespace, "shardqclusters")
+        assert cluster["metadata"]["name"] == "default"
+        assert cluster["status"]["readyServers"] == SERVERS
+        assert len([s for s in custom_objects(api, namespace, "shards") if s["spec"]["queue"] == "orders"]) == 4
+
+        # The leader serves /metrics on the pod's port 9700 (reached from the host).
+        leader = next(pod for pod in operators if pod.metadata.name == lease.spec.holder_identity)
+        scraped = urllib.request.urlopen(f"http://{leader.status.pod_ip}:9700/metrics", timeout=5).read().decode()
+        assert f'shardq_operator_reconciles_total{{cluster="{namespace}/default"}}' in scraped
+
+        tested_at = time.monotonic()
+        tested = helm(binaries, "test", RELEASE, *kube, "--logs", "--timeout", "4m", timeout=300)
+        assert tested.returncode == 0, tested.stdout + tested.stderr
+        assert "PASS: sent, received and deleted message" in tested.stdout, tested.stdout
+        print(f"chart on the real node: helm test took {time.monotonic() - tested_at:.1f}s")
+        # The test Queue was made for the test and removed once it passed.
+        wait_for(
+            lambda: "helm-test" not in {q["metadata"]["name"] for q in custom_objects(api, namespace, "queues")},
+            timeout=60,
+            what="the test Queue removed after helm test passed",
+        )
+
+        uninstall_at = time.monotonic()
+        removed = helm(binaries, "uninstall", RELEASE, *kube, "--wait", "--timeout", "4m", timeout=300)
+        assert removed.returncode == 0, removed.stdout + removed.stderr
+        print(f"chart on the real node: helm uninstall took {time.monotonic() - uninstall_at:.1f}s")
+        # Only the servers' volumes stay (retainOnDelete, the default); pods take a moment to go.
+        kept = {"persistentvolumeclaims": [f"data-default-shardq-{n}" for n in range(SERVERS)]}
+        wait_for(
+            lambda: without_shard_leases(leftovers(api, namespace)) == kept,
+            timeout=120,
+            what=f"only the servers' PVCs left in {namespace}",
+        )
+        assert release_cluster_objects(api) == []
+        crds = client.ApiextensionsV1Api(api).list_custom_resource_definition().items
+        assert {f"{plural}.shardq.io" for plural in ("shardqclusters", "queues", "shards")} <= {
+            crd.metadata.name for crd in crds
+        }, "helm never deletes a chart's CRDs"
+        # Known operator gap (reported, not the chart's to fix): the operator creates each
+        # shard's Lease without an owner reference and never deletes it, so a deleted
+        # Queue's Leases stay. Everything else was checked above; this turns into a pass
+        # by itself once the operator cleans up.
+        shard_leases = leftovers(api, namespace).get("leases", [])
+        if shard_leases:
+            pytest.xfail(f"operator: shard Leases outlive their deleted Queues: {shard_leases}")

@@ -1,0 +1,353 @@
+"""Everything the chart renders (every switch on, hooks and tests included) is accepted by
+the real API server's server-side dry run with strict field validation, and the
+operator's ClusterRole is enough for what the operator writes and reads, and no more.
+
+The Prometheus Operator's kinds (PodMonitor, PrometheusRule) have no CRD on this test
+control plane (no network to fetch one), so they are checked against a small CRD written
+here: the monitoring.coreos.com/v1 fields the chart uses, typed as upstream types them,
+nothing else (strict validation refuses any other field)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from shardq_operator import builders
+
+from e2e.binaries import Binaries, require
+from e2e.helm import EVERY_SWITCH, render
+from e2e.polling import wait_for
+from shardq.coordination.cluster_map import ClusterMap
+
+pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(180)]
+
+GROUP, VERSION = "shardq.io", "v1alpha1"
+_DURATION = {
+    "type": "string",
+    "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
+}
+_LABEL_NAME = {"type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"}
+_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+_RELABELING = {
+    "type": "object",
+    "properties": {
+        "sourceLabels": {"type": "array", "items": _LABEL_NAME},
+        "separator": {"type": "string"},
+        "targetLabel": {"type": "string"},
+        "regex": {"type": "string"},
+        "modulus": {"type": "integer"},
+        "replacement": {"type": "string"},
+        "action": {
+            "type": "string",
+            "enum": ["replace", "keep", "drop", "hashmod", "labelmap", "labeldrop", "labelkeep", "lowercase",
+                     "uppercase", "keepequal", "dropequal"],
+        },
+    },
+}  # fmt: skip
+_POD_MONITOR_SPEC = {
+    "type": "object",
+    "required": ["selector", "podMetricsEndpoints"],
+    "properties": {
+        "jobLabel": {"type": "string"},
+        "podTargetLabels": {"type": "array", "items": {"type": "string"}},
+        "selector": {"type": "object", "properties": {"matchLabels": _STRING_MAP}},
+        "namespaceSelector": {
+            "type": "object",
+            "properties": {"any": {"type": "boolean"}, "matchNames": {"type": "array", "items": {"type": "string"}}},
+        },
+        "podMetricsEndpoints": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "port": {"type": "string"},
+                    "path": {"type": "string"},
+                    "scheme": {"type": "string", "enum": ["http", "https"]},
+                    "interval": _DURATION,
+                    "scrapeTimeout": _DURATION,
+                    "honorLabels": {"type": "boolean"},
+                    "relabelings": {"type": "array", "items": _RELABELING},
+                    "metricRelabelings": {"type": "array", "items": _RELABELING},
+                },
+            },
+        },
+    },
+}
+_PROMETHEUS_RULE_SPEC = {
+    "type": "object",
+    "properties": {
+        "groups": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {
+                    "name": {"type": "string", "minLength": 1},
+                    "interval": _DURATION,
+                    "rules": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["expr"],
+                            "x-kubernetes-validations": [
+                                {"rule": "has(self.record) != has(self.alert)", "message": "a rule records or alerts"}
+                            ],
+                            "properties": {
+                                "record": {"type": "string"},
+                                "alert": {"type": "string"},
+                                "expr": {"type": "string", "minLength": 1},
+                                "for": _DURATION,
+                                "keep_firing_for": _DURATION,
+                                "labels": _STRING_MAP,
+                                "annotations": _STRING_MAP,
+                            },
+                        },
+                    },
+                },
+            },
+        }
+    },
+}
+
+
+def monitoring_crd(kind: str, spec_schema: dict[str, Any]) -> dict[str, Any]:
+    plural = kind.lower() + "s"
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com",
+            "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "required": ["spec"],
+                            "properties": {"spec": spec_schema},
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def monitoring_crds(api_client: client.ApiClient) -> Iterator[None]:
+    extensions = client.ApiextensionsV1Api(api_client)
+    crds = [monitoring_crd("PodMonitor", _POD_MONITOR_SPEC), monitoring_crd("PrometheusRule", _PROMETHEUS_RULE_SPEC)]
+    for crd in crds:
+        extensions.create_custom_resource_definition(crd)
+
+    def established() -> bool:
+        for crd in crds:
+            status = extensions.read_custom_resource_definition(crd["metadata"]["name"]).status
+            if not any(c.type == "Established" and c.status == "True" for c in (status.conditions or [])):
+                return False
+        return True
+
+    wait_for(established, timeout=60, what="the monitoring CRDs established")
+    yield
+    for crd in crds:
+        extensions.delete_custom_resource_definition(crd["metadata"]["name"])
+
+
+def kubectl(
+    binaries: Binaries, kubeconfig: Path, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    require(binaries.kubectl)
+    return subprocess.run(
+        [str(binaries.kubectl), f"--kubeconfig={kubeconfig}", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def dry_run(binaries: Binaries, kubeconfig: Path, manifests: list[dict[str, Any]]) -> subprocess.CompletedProcess[str]:
+    return kubectl(
+        binaries,
+        kubeconfig,
+        "apply",
+        "--dry-run=server",
+        "--validate=strict",
+        "-o",
+        "name",
+        "-f",
+        "-",
+        stdin=yaml.safe_dump_all(manifests),
+    )
+
+
+def wait_for_default_account(api_client: client.ApiClient, namespace: str) -> None:
+    """Pods are admitted only once the namespace's `default` ServiceAccount exists."""
+    core = client.CoreV1Api(api_client)
+    wait_for(
+        lambda: core.read_namespaced_service_account("default", namespace),
+        timeout=30,
+        what=f"the default ServiceAccount of {namespace}",
+        retry_on=(ApiException,),
+    )
+
+
+@pytest.mark.usefixtures("shardq_crds", "monitoring_crds")
+def test_every_rendered_manifest_passes_a_strict_server_side_dry_run(
+    binaries: Binaries, kubeconfig: Path, api_client: client.ApiClient, namespace: str
+) -> None:
+    wait_for_default_account(api_client, namespace)
+    for sets in ((), EVERY_SWITCH, ("operator.watchNamespaces={" + namespace + "}",)):
+        manifests = render(binaries, *sets, namespace=namespace)
+        done = dry_run(binaries, kubeconfig, manifests)
+        assert done.returncode == 0, f"{sets}:\n{done.stderr}"
+        accepted = done.stdout.split()
+        assert len(accepted) == len(manifests), done.stdout
+    kinds = {m["kind"] for m in render(binaries, *EVERY_SWITCH, namespace=namespace)}
+    assert {"PodMonitor", "PrometheusRule", "ShardqCluster", "Queue", "ConfigMap", "Deployment", "Job"} <= kinds
+
+
+@pytest.mark.usefixtures("shardq_crds", "monitoring_crds")
+@pytest.mark.parametrize(
+    ("kind", "breakage", "said"),
+    [
+        ("PodMonitor", lambda m: m["spec"].update(podMetricEndpoints=[]), 'unknown field "spec.podMetricEndpoints"'),
+        ("PodMonitor", lambda m: m["spec"]["podMetricsEndpoints"][0].update(interval="15 s"), "interval"),
+        (
+            "PrometheusRule",
+            lambda m: m["spec"]["groups"][0]["rules"][0].update(alert="Both"),
+            "a rule records or alerts",
+        ),
+        ("ShardqCluster", lambda m: m["spec"].update(servers=0), "spec.servers"),
+        ("Deployment", lambda m: m["spec"]["template"]["spec"].update(serviceAcountName="x"), "serviceAcountName"),
+    ],
+)
+def test_the_dry_run_refuses_a_broken_manifest(
+    binaries: Binaries,
+    kubeconfig: Path,
+    api_client: client.ApiClient,
+    namespace: str,
+    kind: str,
+    breakage: Any,
+    said: str,
+) -> None:
+    """The dry run above can fail: each kind is really checked against its schema."""
+    wait_for_default_account(api_client, namespace)
+    manifests = render(binaries, *EVERY_SWITCH, namespace=namespace)
+    (target,) = [m for m in manifests if m["kind"] == kind][:1]
+    breakage(target)
+    done = dry_run(binaries, kubeconfig, [target])
+    assert done.returncode != 0
+    assert said in done.stderr, done.stderr
+
+
+def test_the_operator_role_covers_what_it_writes_and_reads_and_no_more(
+    binaries: Binaries, kubeconfig: Path, api_client: client.ApiClient, namespace: str, shardq_crds: list[str]
+) -> None:
+    """The ClusterRole as installed (a real ClusterRoleBinding to the chart's
+    ServiceAccount): every object the operator's builders make is applied as the operator
+    applies it (server-side apply, its field manager, in order: the RoleBinding needs its
+    Role) and accepted, escalation checks included; the reads and writes of kube.py and
+    kopf are allowed; nothing else is."""
+    release = f"rbac-{uuid.uuid4().hex[:6]}"
+    rights = [
+        m
+        for m in render(binaries, namespace=namespace, release=release)
+        if m["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding") and "helm.sh/hook" not in str(m)
+    ]
+    account = f"system:serviceaccount:{namespace}:{release}-shardq-operator"
+    created = kubectl(binaries, kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump_all(rights))
+    assert created.returncode == 0, created.stderr
+    try:
+        custom = client.CustomObjectsApi(api_client)
+        owner = custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, "shardqclusters",
+            {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardqCluster", "metadata": {"name": "main"},
+             "spec": {"servers": 3}},
+        )  # fmt: skip
+        queue = custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, "queues",
+            {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Queue", "metadata": {"name": "orders"},
+             "spec": {"cluster": "main", "shards": 1}},
+        )  # fmt: skip
+        built = [
+            builders.service_account(owner),
+            builders.role(owner),
+            builders.role_binding(owner),
+            builders.map_config(owner, ClusterMap(servers={}, queues=[], placement={})),
+            builders.peers_service(owner),
+            builders.client_service(owner),
+            builders.disruption_budget(owner),
+            builders.stateful_set(owner, servers=3),
+            builders.shard(queue, index=0, replicas=["main-shardq-0"]),
+        ]
+
+        def apply_as(who: str, manifest: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+            return kubectl(
+                binaries, kubeconfig, "apply", "--server-side", "--force-conflicts",
+                "--field-manager=shardq-operator", f"--as={who}", "-f", "-",
+                stdin=json.dumps(manifest),
+            )  # fmt: skip
+
+        for manifest in built:
+            done = apply_as(account, manifest)
+            assert done.returncode == 0, f"{manifest['kind']}: {done.stderr}"
+        # The check can fail: an account without the role may not write any of it.
+        refused = apply_as(f"system:serviceaccount:{namespace}:default", builders.peers_service(owner))
+        assert refused.returncode != 0
+        assert "forbidden" in refused.stderr.lower()
+
+        def can(verb: str, resource: str, *flags: str) -> bool:
+            done = kubectl(binaries, kubeconfig, "auth", "can-i", verb, resource, f"--as={account}", *flags)
+            return done.stdout.strip() == "yes"
+
+        here = ("-n", namespace)
+        allowed = [
+            ("watch", "shardqclusters.shardq.io", "--all-namespaces"),
+            ("watch", "queues.shardq.io", "--all-namespaces"),
+            ("patch", "queues.shardq.io", *here),
+            ("patch", "shardqclusters.shardq.io", "--subresource=status", *here),
+            ("patch", "queues.shardq.io", "--subresource=status", *here),
+            ("patch", "shards.shardq.io", "--subresource=status", *here),
+            ("list", "shardqclusters.shardq.io", *here),
+            ("list", "pods", *here),
+            ("get", "configmaps", *here),
+            ("create", "leases.coordination.k8s.io", *here),
+            ("patch", "leases.coordination.k8s.io", *here),
+            ("get", "leases.coordination.k8s.io", *here),
+            ("create", "events", *here),
+            ("list", "customresourcedefinitions.apiextensions.k8s.io"),
+        ]
+        denied = [
+            ("get", "secrets", *here),
+            ("create", "pods", *here),
+            ("delete", "pods", *here),
+            ("delete", "statefulsets.apps", *here),
+            ("delete", "queues.shardq.io", *here),
+            ("delete", "leases.coordination.k8s.io", *here),
+            ("escalate", "roles.rbac.authorization.k8s.io", *here),
+            ("bind", "roles.rbac.authorization.k8s.io", *here),
+            ("create", "clusterroles.rbac.authorization.k8s.io"),
+            ("update", "customresourcedefinitions.apiextensions.k8s.io"),
+        ]
+        assert [check for check in allowed if not can(*check)] == []
+        assert [check for check in denied if can(*check)] == []
+    finally:
+        for manifest in rights:
+            if manifest["kind"] != "ServiceAccount":
+                kubectl(binaries, kubeconfig, "delete", manifest["kind"].lower(), manifest["metadata"]["name"])
