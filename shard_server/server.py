@@ -196,7 +196,13 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         source = settings.cluster_source or settings.cluster_file
         if source is not None:
             follower = ClusterMapFollower(
-                source, host, replicas, open_hosted=admin.open_hosted, close_hosted=admin.close_hosted
+                source,
+                host,
+                replicas,
+                open_hosted=admin.open_hosted,
+                close_hosted=admin.close_hosted,
+                open_shard=admin.open_shard,
+                close_shard=admin.close_shard,
             )
             tasks.append(asyncio.create_task(follower.run()))
             if managed_by is None and settings.cluster_file is not None:
@@ -214,6 +220,11 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
     finally:
         log.info("shutting down: refusing new calls, finishing in-flight ones")
         await health_servicer.enter_graceful_shutdown()
+        if replicas is not None:
+            # Before the server stops answering: the heirs' first appends and the clients'
+            # retries find the new leaders at once rather than after a lease expiry.
+            handed = await replicas.hand_off_all()
+            log.info("handed leadership of %d shards to in-sync followers", handed)
         await server.stop(SHUTDOWN_GRACE_S)
         for task in tasks:
             task.cancel()

@@ -15,6 +15,7 @@ import itertools
 import logging
 import pathlib
 import re
+import shutil
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Protocol
@@ -272,6 +273,7 @@ class HostedQueue:
         self._remote_depth: dict[int, int] = {}
         self._remote_depth_read_at = 0.0
         self.map_size = map_size
+        self.writers = writers
         self.shards: list[HostedShard] = []
         indexes = range(config.shards) if local_shards is None else local_shards
         for index in indexes:
@@ -288,6 +290,30 @@ class HostedQueue:
                 HostedShard(self, index, environment, epoch, replicated=router is not None, writers=writers)
             )
         self.by_index = {shard.index: shard for shard in self.shards}
+
+    def add_shard(self, index: int) -> HostedShard:
+        """Host a replica of shard `index` placed here by a replica move (cluster mode); it
+        starts empty and follows its leader, which sends it a snapshot."""
+        if index in self.by_index:
+            raise ValueError(f"queue {self.config.name!r} shard {index} is hosted here already")
+        assert self.router is not None, "only a cluster's shards move"
+        # Whatever a directory of that name holds is an earlier copy (the server held this
+        # replica before, or the queue's namesake): the new replica starts empty.
+        shutil.rmtree(self.directory / f"shard-{index}", ignore_errors=True)
+        environment = self.open_environment(index)
+        shard = HostedShard(self, index, environment, environment.epoch(), replicated=True, writers=self.writers)
+        self.shards.append(shard)
+        self.shards.sort(key=lambda hosted: hosted.index)
+        self.by_index[index] = shard
+        return shard
+
+    async def remove_shard(self, index: int) -> None:
+        """Stop hosting shard `index` (its replica moved away) and delete its data here."""
+        shard = self.by_index.pop(index)
+        self.shards.remove(shard)
+        await shard.committer.close()
+        shard.environment.close()
+        await asyncio.to_thread(shutil.rmtree, self.directory / f"shard-{index}", True)
 
     def open_environment(self, index: int) -> ShardEnvironment:
         return ShardEnvironment(

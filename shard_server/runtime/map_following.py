@@ -5,8 +5,9 @@ into the pod (the kubelet swaps the file atomically). The server reads it once a
 and applies what changed without a restart: a new queue's shards placed here are opened
 and their replicas start following their leases; a removed queue's replicas stop and its
 data is deleted; changed settings apply to the next batch. Changes a running server
-cannot make (a queue's shard count, ordering or replica placement) are refused in the log,
-and the queue keeps running as it was.
+cannot make (a queue's shard count, ordering or replication factor) are refused in the log,
+and the queue keeps running as it was. Replicas moved between servers (the operator's
+`replica_moves`) are opened here empty, or stopped and deleted here.
 
 A local cluster's servers also write the map (runtime queue management), through
 `ClusterMapFile`, which holds a lock around read-change-write and creates the new
@@ -24,7 +25,7 @@ import pathlib
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Protocol
 
-from shard_server.runtime.hosting import HostedQueue, QueueHost
+from shard_server.runtime.hosting import HostedQueue, HostedShard, QueueHost
 from shard_server.runtime.replication.replicas import Replicas
 from shardq.coordination.cluster_map import (
     ClusterMap,
@@ -60,12 +61,16 @@ class ClusterMapFollower:
         *,
         open_hosted: Callable[[HostedQueue], None],
         close_hosted: Callable[[str], Awaitable[int]],
+        open_shard: Callable[[HostedQueue, HostedShard], None],
+        close_shard: Callable[[HostedQueue, int], Awaitable[None]],
     ) -> None:
         self.source = source
         self.host = host
         self.replicas = replicas
         self._open_hosted = open_hosted
         self._close_hosted = close_hosted
+        self._open_shard = open_shard
+        self._close_shard = close_shard
         self._lock = asyncio.Lock()
         self._applied_text = ""
         self._refused_text = ""
@@ -123,6 +128,25 @@ class ClusterMapFollower:
                 # Shards read the config for every batch: the next one uses the new settings.
                 self.host.queues[entry.name].config = entry.config
                 log.info("cluster map: queue %s settings changed", entry.name)
+            for name in change.moved:
+                await self._move_replicas(self.host.queues[name], old, effective)
+
+    async def _move_replicas(self, queue: HostedQueue, old: ClusterMap, new: ClusterMap) -> None:
+        """Open the replicas a move placed on this server (empty: the leader sends a
+        snapshot) and delete the ones that moved away. Leaders already ship to the new
+        replica set (`Replicas.use_cluster`)."""
+        name = queue.config.name
+        me = self.host.server_id
+        for index, (was, now) in enumerate(zip(old.placement[name], new.placement[name], strict=True)):
+            if me in now and me not in was:
+                shard = await asyncio.to_thread(queue.add_shard, index)
+                self.replicas.start_shard(queue, shard, new)
+                self._open_shard(queue, shard)
+                log.info("cluster map: a replica of %s shard %d moved here; copying it from its leader", name, index)
+            elif me in was and me not in now:
+                await self.replicas.stop_shard(name, index, "the replica moved to another server")
+                await self._close_shard(queue, index)
+                log.info("cluster map: the replica of %s shard %d moved away; its data here is deleted", name, index)
 
 
 def _keeping_refused(old: ClusterMap, new: ClusterMap, change: MapChange) -> ClusterMap:

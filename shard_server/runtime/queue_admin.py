@@ -18,10 +18,10 @@ import asyncio
 import functools
 import logging
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from shard_server.runtime import background
-from shard_server.runtime.hosting import HostedQueue, QueueHost
+from shard_server.runtime.hosting import HostedQueue, HostedShard, QueueHost
 from shard_server.runtime.map_following import ClusterMapFile, ClusterMapFollower
 from shard_server.storage.queue_catalog import QueueCatalog
 from shardq.coordination.cluster_map import (
@@ -69,15 +69,15 @@ class QueueAdmin:
         catalog: QueueCatalog,
         static: set[str],
         managed_by: str | None,
-        start_tasks: Callable[[HostedQueue], list[asyncio.Task[None]]] | None = None,
     ) -> None:
         self.host = host
         self.catalog = catalog
         self.static = static
         # Where the queues are defined when not here (e.g. "the cluster file /x/cluster.json").
         self.managed_by = managed_by
-        self._start_tasks = start_tasks or functools.partial(_background_tasks, host)
-        self._tasks: dict[str, list[asyncio.Task[None]]] = {}
+        # Per queue its dead-letter mover; per (queue, shard) its housekeeping.
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._shard_tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._lock = asyncio.Lock()
         # Cluster mode: the shared map file, and this server's follower of it.
         self.map_file: ClusterMapFile | None = None
@@ -85,16 +85,26 @@ class QueueAdmin:
 
     def open_hosted(self, queue: HostedQueue) -> None:
         """Start the background tasks of a queue just opened."""
-        self._tasks[queue.config.name] = self._start_tasks(queue)
+        self._tasks[queue.config.name] = asyncio.create_task(background.move_dead_letters(self.host, queue))
+        for shard in queue.shards:
+            self.open_shard(queue, shard)
+
+    def open_shard(self, queue: HostedQueue, shard: HostedShard) -> None:
+        """Start the housekeeping of a shard opened here."""
+        self._shard_tasks[(queue.config.name, shard.index)] = asyncio.create_task(background.keep_shard_tidy(shard))
+
+    async def close_shard(self, queue: HostedQueue, index: int) -> None:
+        """Stop a shard's housekeeping, then stop hosting it and delete its data here."""
+        await _cancelled([self._shard_tasks.pop((queue.config.name, index), None)])
+        await queue.remove_shard(index)
 
     async def close_hosted(self, name: str) -> int:
         """Stop hosting queue `name` and delete its data here; how many messages it held here."""
         queue = self.host.queues.pop(name)
         messages = sum(shard.message_count() for shard in queue.shards)
-        tasks = self._tasks.pop(name, [])
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _cancelled(
+            [self._tasks.pop(name, None), *(self._shard_tasks.pop((name, shard.index), None) for shard in queue.shards)]
+        )
         queue.wake()  # long polls end (and find the queue gone)
         await queue.close()
         await asyncio.to_thread(shutil.rmtree, queue.directory, True)
@@ -116,11 +126,10 @@ class QueueAdmin:
             self.open_hosted(queue)
 
     async def stop(self) -> None:
-        tasks = [task for tasks in self._tasks.values() for task in tasks]
+        tasks = [*self._tasks.values(), *self._shard_tasks.values()]
         self._tasks.clear()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        self._shard_tasks.clear()
+        await _cancelled(tasks)
 
     def _refuse_if_managed_elsewhere(self, verb: str, name: str) -> None:
         if self.managed_by is not None:
@@ -159,7 +168,7 @@ class QueueAdmin:
             saved[name] = dict(settings)
             queue = await asyncio.to_thread(self.host.open_queue, config)
             self.catalog.save(saved)
-            self._tasks[name] = self._start_tasks(queue)
+            self.open_hosted(queue)
         if config.dead_letter_queue and config.dead_letter_queue not in self.host.queues:
             log.warning("queue %s: its dead-letter queue %s does not exist yet", name, config.dead_letter_queue)
         log.info("created queue %s", name)
@@ -225,7 +234,8 @@ class QueueAdmin:
         return self.host.get(name)
 
 
-def _background_tasks(host: QueueHost, queue: HostedQueue) -> list[asyncio.Task[None]]:
-    tasks = [asyncio.create_task(background.keep_shard_tidy(shard)) for shard in queue.shards]
-    tasks.append(asyncio.create_task(background.move_dead_letters(host, queue)))
-    return tasks
+async def _cancelled(tasks: Sequence[asyncio.Task[None] | None]) -> None:
+    running = [task for task in tasks if task is not None]
+    for task in running:
+        task.cancel()
+    await asyncio.gather(*running, return_exceptions=True)

@@ -215,14 +215,15 @@ def write_cluster_map(path: pathlib.Path, cluster: ClusterMap) -> pathlib.Path:
 IMMUTABLE_SETTINGS = ("shards", "fifo", "replicas")
 
 
-def with_queue_added(cluster: ClusterMap, queue: QueueEntry) -> ClusterMap:
-    """The map with `queue` placed on its servers by the shared planner.
+def with_queue_added(cluster: ClusterMap, queue: QueueEntry, *, on: Sequence[str] | None = None) -> ClusterMap:
+    """The map with `queue` placed by the shared planner on servers `on` (default: every
+    server of the map; the operator leaves out servers being drained).
 
     Raises ValueError if a queue of that name exists or the queue cannot be placed.
     """
     if any(existing.name == queue.name for existing in cluster.queues):
         raise ValueError(f"queue {queue.name!r} exists already")
-    placement = {**cluster.placement, **place_queues([queue], list(cluster.servers))}
+    placement = {**cluster.placement, **place_queues([queue], list(cluster.servers) if on is None else list(on))}
     return dataclasses.replace(cluster, queues=[*cluster.queues, queue], placement=placement)
 
 
@@ -261,13 +262,16 @@ class MapChange:
     removed: list[str]
     # Same queue, other settings (only those that may change: see IMMUTABLE_SETTINGS).
     changed: list[QueueEntry]
-    # Queues whose shards, ordering or placement changed: a running server cannot apply
-    # that (moving replicas is the operator's job), so it keeps the old and says so.
+    # Queues whose shards, ordering or replication factor changed: a running server
+    # cannot apply that, so it keeps the old and says so.
     refused: dict[str, str]
+    # Queues with replicas added or removed (`replica_moves`): servers open new
+    # replicas, drop the ones that left, and leaders ship to the new set.
+    moved: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def empty(self) -> bool:
-        return not (self.added or self.removed or self.changed or self.refused)
+        return not (self.added or self.removed or self.changed or self.refused or self.moved)
 
 
 def change_between(old: ClusterMap, new: ClusterMap) -> MapChange:
@@ -276,20 +280,27 @@ def change_between(old: ClusterMap, new: ClusterMap) -> MapChange:
     after = {queue.name: queue for queue in new.queues}
     changed: list[QueueEntry] = []
     refused: dict[str, str] = {}
+    moved: list[str] = []
     for name in sorted(before.keys() & after.keys()):
-        if before[name].spec == after[name].spec and old.placement.get(name) == new.placement.get(name):
+        was_placed, now_placed = old.placement.get(name, []), new.placement.get(name, [])
+        if before[name].spec == after[name].spec and was_placed == now_placed:
             continue
         was, now = before[name].config, after[name].config
         fixed = [setting for setting in IMMUTABLE_SETTINGS if getattr(was, setting) != getattr(now, setting)]
         if fixed:
             refused[name] = f"{', '.join(fixed)} cannot change on a running queue"
-        elif old.placement.get(name) != new.placement.get(name):
-            refused[name] = "its replicas moved (a running server does not move replicas yet)"
-        else:
+            continue
+        if len(was_placed) != len(now_placed):
+            refused[name] = f"its placement lists {len(now_placed)} shards where it had {len(was_placed)}"
+            continue
+        if before[name].spec != after[name].spec:
             changed.append(after[name])
+        if was_placed != now_placed:
+            moved.append(name)
     return MapChange(
         added=[after[name] for name in sorted(after.keys() - before.keys())],
         removed=sorted(before.keys() - after.keys()),
         changed=changed,
         refused=refused,
+        moved=moved,
     )

@@ -39,6 +39,7 @@ class TakeoverReason(enum.StrEnum):
     HOLDER_RESTARTED = "holder-restarted"  # nobody in sync is ready yet: a starting in-sync replica leads, new epoch
     LEASE_EXPIRED = "lease-expired"  # the holder runs but stopped renewing (hung, paused, partitioned)
     REBALANCE = "rebalance"  # a leadership move off a hot server
+    REPLICA_MOVE = "replica-move"  # the leader's replica is leaving its server (scale-in, replica balance)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -58,14 +58,16 @@ class Cluster:
         spec: dict[str, object] | None = None,
         lease_ms: int = LEASE_MS,
         kubernetes: KubernetesLeases | None = None,
+        spare_servers: tuple[str, ...] = (),
     ) -> None:
-        """A local lease file by default; with `kubernetes`, Lease objects in its namespace."""
+        """A local lease file by default; with `kubernetes`, Lease objects in its namespace.
+        `spare_servers` are in the map but hold no replica (yet): room to move replicas to."""
         root.mkdir(parents=True, exist_ok=True)
         self.root = root
         self.lease_ms = lease_ms
         self.kubernetes = kubernetes
         self.placement = placement or PLACEMENT
-        servers = sorted({server for replicas in self.placement for server in replicas})
+        servers = sorted({server for replicas in self.placement for server in replicas} | set(spare_servers))
         self.servers = servers
         self.ports = {server: free_port() for server in servers}
         self.metrics_ports = {server: free_port() for server in servers}

@@ -97,3 +97,17 @@ def test_a_follower_rejoins_once_it_holds_everything_and_said_which_copy_it_is()
 
 def test_the_leader_is_always_in_its_own_isr() -> None:
     assert "s1" in check(isr={"s2", "s3"})
+
+
+def test_a_replica_moved_away_leaves_the_isr_and_a_new_one_joins_only_when_caught_up() -> None:
+    # s3 moved to s4 in the cluster map: s3 is no longer a follower, s4 is copying.
+    moving = {"followers": ("s2", "s4"), "match": {"s2": 10, "s4": 3}, "progress_at_ms": {"s2": 1_000, "s4": 1_400}}
+    assert check(**moving) == {"s1", "s2"}
+    assert check(**{**moving, "match": {"s2": 10, "s4": 10}, "known_incarnations": {"s1", "s2", "s4"}}) == {
+        "s1",
+        "s2",
+        "s4",
+    }
+    # A moved-away replica no longer holds commits back either.
+    moved_on = {"followers": ("s2", "s4"), "isr": {"s1", "s2", "s3"}}
+    assert commit_index(last_written=10, match={"s2": 10}, current=0, **moved_on) == 10  # type: ignore[arg-type]

@@ -42,6 +42,7 @@ from shardq.coordination.fencing import (
     build_incarnations,
     build_isr_change,
     build_renewal,
+    build_takeover,
     incarnations_of,
     isr_of,
     safe_serving_deadline_ms,
@@ -149,7 +150,8 @@ class ShardReplica:
         # (epoch, log index, future) of writes waiting to be replicated.
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._new_entries = asyncio.Event()
-        self._leader_tasks: list[asyncio.Task[None]] = []
+        # The leader's shipper per follower.
+        self._shippers: dict[str, asyncio.Task[None]] = {}
         self._recovering: asyncio.Task[None] | None = None
         self._isr_changing = False
         # Which copy of the data this replica holds, and (as leader) the followers'.
@@ -197,6 +199,39 @@ class ShardReplica:
         self._waiters.append((epoch, index, future))
         self._advance_commit()
         await future
+
+    def use_cluster(self, cluster: ClusterMap) -> None:
+        """Run with a new cluster map. When the shard's replicas changed (a replica move,
+        `shardq.coordination.replica_moves`), a leader ships to the new set: a new
+        follower starts outside the ISR and joins once it holds everything; a follower
+        that left is no longer counted for commits, and leaves the ISR in the lease."""
+        self.cluster = cluster
+        shards = cluster.placement.get(self.shard.queue.config.name, [])
+        if self.shard.index >= len(shards):
+            return  # the queue left the map: this replica is being stopped
+        replicas = list(shards[self.shard.index])
+        if replicas == self.replicas:
+            return
+        added = [server for server in replicas if server not in self.replicas and server != self.server_id]
+        removed = [server for server in self.followers if server not in replicas]
+        self.replicas = replicas
+        self.followers = [server for server in replicas if server != self.server_id]
+        log.info("%s: replicas now %s (added %s, removed %s)", self.name, replicas, added, removed)
+        if self.role is not Role.LEADER:
+            return
+        for follower in removed:
+            task = self._shippers.pop(follower, None)
+            if task is not None:
+                task.cancel()
+            self._match.pop(follower, None)
+            self._progress_at.pop(follower, None)
+            self._incarnations.pop(follower, None)
+        for follower in added:
+            self._match[follower] = 0
+            self._progress_at[follower] = monotonic_ms()
+            self._shippers[follower] = asyncio.create_task(self._ship(follower))
+        self._advance_commit()
+        self._check_isr()
 
     # -- the watch loop: roles from the lease ------------------------------------------
     async def run(self) -> None:
@@ -268,7 +303,7 @@ class ShardReplica:
         if not self.is_serving():
             await self.step_down("could not renew the lease after promotion")
             return
-        self._leader_tasks = [asyncio.create_task(self._ship(f)) for f in self.followers]
+        self._shippers = {follower: asyncio.create_task(self._ship(follower)) for follower in self.followers}
         self._advance_commit()
         self._leadership_changes("acquired").inc()
         log.info("%s: leading at epoch %d (log up to %d, ISR %s)", self.name, epoch, last, sorted(self.isr))
@@ -307,11 +342,46 @@ class ShardReplica:
         self._fail_waiters()
         # A shipper may be the caller: never cancel (or wait for) the running task.
         current = asyncio.current_task()
-        others = [task for task in self._leader_tasks if task is not current]
-        self._leader_tasks = []
+        others = [task for task in self._shippers.values() if task is not current]
+        self._shippers = {}
         for task in others:
             task.cancel()
         await asyncio.gather(*others, return_exceptions=True)
+
+    async def hand_off(self) -> str:
+        """Stop leading and give the lease to an in-sync follower at once, in a new epoch,
+        instead of leaving the shard without a leader until the lease expires (graceful
+        shutdown: a rolling restart, a scale-in, a pod deleted). The follower that holds
+        the most of the log is chosen; every in-sync follower holds every committed entry,
+        and writes not yet committed were answered as unknown when this leader stepped
+        down. The heir's name, or "" when there was nothing to hand off (the lease then
+        expires and failover decides, as before)."""
+        if self.role is not Role.LEADER:
+            return ""
+        epoch = self.shard.epoch
+        match = dict(self._match)
+        await self.step_down("handing leadership off")
+        lease = await asyncio.to_thread(self.leases.get, self.name)
+        if lease is None or lease.holder != self.server_id or lease.transitions != epoch:
+            return ""
+        heirs = [server for server in isr_of(lease) if server != self.server_id and server in self.followers]
+        if not heirs:
+            return ""
+        heir = max(heirs, key=lambda server: (match.get(server, 0), server))
+        taken = build_takeover(lease, new_holder=heir, now_ms=wall_ms(), duration_ms=lease.duration_ms)
+        # This copy leaves the ISR (the heir must not wait for its acknowledgements),
+        # unless fewer than two copies would be vouched for: when every server stops at
+        # once the hand-offs chain, and the last heir alone would be the only copy allowed
+        # to lead afterwards, though this one holds every committed entry too.
+        remaining = isr_of(lease) - {self.server_id}
+        isr = remaining if len(remaining) >= 2 else isr_of(lease)
+        try:
+            await asyncio.to_thread(self.leases.update, build_isr_change(taken, isr))
+        except LeaseConflict:
+            return ""
+        self._leadership_changes("handed-off").inc()
+        log.info("%s: leadership handed to %s at epoch %d", self.name, heir, epoch + 1)
+        return heir
 
     def _fail_waiters(self) -> None:
         waiters, self._waiters = self._waiters, []

@@ -8,7 +8,7 @@ import functools
 import grpc
 
 from shard_server.runtime.forwarding import Router
-from shard_server.runtime.hosting import HostedQueue
+from shard_server.runtime.hosting import HostedQueue, HostedShard
 from shard_server.runtime.replication.peers import PeerChannels
 from shard_server.runtime.replication.replica import ShardReplica
 from shardq.api.v1 import replication_pb2
@@ -36,31 +36,36 @@ class Replicas:
 
     def start_queue(self, queue: HostedQueue, cluster: ClusterMap) -> None:
         for shard in queue.shards:
-            replica = shard.replica = self._replicas[(queue.config.name, shard.index)] = ShardReplica(
-                shard,
-                server_id=self.server_id,
-                cluster=cluster,
-                leases=self.leases,
-                peers=self.peers,
-                reopen=functools.partial(queue.open_environment, shard.index),
-            )
-            self._tasks[(queue.config.name, shard.index)] = asyncio.create_task(replica.run())
+            self.start_shard(queue, shard, cluster)
+
+    def start_shard(self, queue: HostedQueue, shard: HostedShard, cluster: ClusterMap) -> None:
+        replica = shard.replica = self._replicas[(queue.config.name, shard.index)] = ShardReplica(
+            shard,
+            server_id=self.server_id,
+            cluster=cluster,
+            leases=self.leases,
+            peers=self.peers,
+            reopen=functools.partial(queue.open_environment, shard.index),
+        )
+        self._tasks[(queue.config.name, shard.index)] = asyncio.create_task(replica.run())
 
     async def stop_queue(self, queue: HostedQueue) -> None:
-        tasks = [self._tasks.pop((queue.config.name, shard.index), None) for shard in queue.shards]
-        running = [task for task in tasks if task is not None]
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
         for shard in queue.shards:
-            replica = self._replicas.pop((queue.config.name, shard.index), None)
-            if replica is not None:
-                await replica.step_down("the queue was removed from the cluster map")
+            await self.stop_shard(queue.config.name, shard.index, "the queue was removed from the cluster map")
+
+    async def stop_shard(self, queue: str, index: int, why: str) -> None:
+        task = self._tasks.pop((queue, index), None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        replica = self._replicas.pop((queue, index), None)
+        if replica is not None:
+            await replica.step_down(why)
 
     def use_cluster(self, cluster: ClusterMap) -> None:
         self.peers.cluster = cluster
         for replica in self._replicas.values():
-            replica.cluster = cluster
+            replica.use_cluster(cluster)
 
     async def wait_until_led(self, queue: HostedQueue, router: Router, *, timeout_s: float) -> bool:
         """Wait until every shard of a new queue has a leader that serves it, so the first
@@ -92,6 +97,11 @@ class Replicas:
             and replica.epoch >= epoch
             for replica in status.replicas
         )
+
+    async def hand_off_all(self) -> int:
+        """Hand every shard led here to an in-sync follower (graceful shutdown); how many."""
+        heirs = await asyncio.gather(*(replica.hand_off() for replica in self._replicas.values()))
+        return sum(1 for heir in heirs if heir)
 
     async def stop_all(self, why: str) -> None:
         """Stop every replica's task, then step down wherever this server leads."""

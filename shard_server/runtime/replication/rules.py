@@ -44,10 +44,12 @@ def isr_after_check(
     promoting it could lose acknowledged writes) or has made no progress towards the
     leader's last entry for longer than `lag_ms`. A follower rejoins once it holds every
     entry the leader wrote and has told which copy of the data it holds (its incarnation).
-    The leader is always in its own ISR.
+    The leader is always in its own ISR. A member that is no longer one of the shard's
+    replicas (moved away in the cluster map) leaves it: it stops receiving entries.
     """
     incarnations = set(known_incarnations)
-    wanted = set(isr)
+    followers = list(followers)
+    wanted = set(isr) & {leader, *followers}
     for follower in followers:
         held = match.get(follower, 0)
         caught_up = held >= last_written and follower in incarnations
