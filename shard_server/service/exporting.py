@@ -20,7 +20,7 @@ import grpc
 from shard_server.domain.events import ChangeKind, DeliveryChanged, LogEntry, Purged, RemovalKind, Removed, Sent
 from shard_server.domain.messages import Delivery, DeliveryState, MessageRecord, format_message_id
 from shard_server.runtime.committing import wall_clock_ms
-from shard_server.runtime.hosting import HostedQueue, QueueHost
+from shard_server.runtime.hosting import HostedShard, QueueHost
 from shard_server.service.errors import abort_with
 from shardq.api.v1 import export_pb2, export_pb2_grpc
 from shardq.errors import InvalidArgument, ShardqError
@@ -139,17 +139,23 @@ class ExportServicer(export_pb2_grpc.ExportServiceServicer):
     def __init__(self, host: QueueHost) -> None:
         self.host = host
 
-    def _queue_and_shard(self, queue_name: str, shard: int) -> HostedQueue:
+    def _queue_and_shard(self, queue_name: str, shard: int) -> HostedShard:
+        """The shard to read, led here: in a cluster a server holds only some shards (by
+        index, not by position), and a follower's copy may lag its leader's, so any other
+        server answers NOT_LEADER naming the leader."""
         queue = self.host.get(queue_name)
-        if shard >= len(queue.shards):
-            raise InvalidArgument("shard", f"queue {queue_name!r} has {len(queue.shards)} shards")
-        return queue
+        if not 0 <= shard < queue.config.shards:
+            raise InvalidArgument("shard", f"queue {queue_name!r} has {queue.config.shards} shards")
+        hosted = queue.by_index.get(shard)
+        if hosted is None or not hosted.is_local_leader():
+            raise queue.not_leader(shard)
+        return hosted
 
     async def ExportMessages(
         self, request: export_pb2.ExportMessagesRequest, context: Context
     ) -> AsyncIterator[export_pb2.ExportedMessageBatch]:
         try:
-            queue = self._queue_and_shard(request.queue, request.shard)
+            shard = self._queue_and_shard(request.queue, request.shard)
             size = _batch_size(request.batch_size)
         except ShardqError as error:
             await abort_with(context, error)
@@ -157,7 +163,7 @@ class ExportServicer(export_pb2_grpc.ExportServiceServicer):
         now_ms = wall_clock_ms()
         try:
             # Opened here, not in a worker: a cancellation cannot strand it unreleased.
-            held = queue.shards[request.shard].environment.hold_read()
+            held = shard.environment.hold_read()
         except ShardqError as error:
             await abort_with(context, error)
             return
@@ -194,12 +200,11 @@ class ExportServicer(export_pb2_grpc.ExportServiceServicer):
         self, request: export_pb2.ReadJournalRequest, context: Context
     ) -> AsyncIterator[export_pb2.JournalBatch]:
         try:
-            queue = self._queue_and_shard(request.queue, request.shard)
+            shard = self._queue_and_shard(request.queue, request.shard)
             size = _batch_size(request.batch_size)
         except ShardqError as error:
             await abort_with(context, error)
             return
-        shard = queue.shards[request.shard]
 
         def bounds() -> tuple[int, int]:
             with shard.environment.read() as tx:
@@ -233,10 +238,10 @@ class ExportServicer(export_pb2_grpc.ExportServiceServicer):
         self, request: export_pb2.GetJournalBoundsRequest, context: Context
     ) -> export_pb2.JournalBounds:
         try:
-            queue = self._queue_and_shard(request.queue, request.shard)
-            with queue.shards[request.shard].environment.read() as tx:
+            shards = self.host.get(request.queue).config.shards
+            with self._queue_and_shard(request.queue, request.shard).environment.read() as tx:
                 return export_pb2.JournalBounds(
-                    first_index=tx.first_log_index(), last_index=tx.last_index(), shards=len(queue.shards)
+                    first_index=tx.first_log_index(), last_index=tx.last_index(), shards=shards
                 )
         except ShardqError as error:
             await abort_with(context, error)

@@ -1,8 +1,9 @@
-"""Follower-bootstrap snapshots and follower exports, abandoned at every point, never crash a replica.
+"""Follower-bootstrap snapshots and exports, abandoned at every point, never crash a replica.
 
 A snapshot copies the leader's LMDB environment in a worker thread and streams
-the copy; the requester may vanish before, during or after the copy. Exports
-run on followers too, while they apply the leader's log.
+the copy; the requester may vanish before, during or after the copy. Exports run
+on the leader beside the snapshots; a follower refuses them (NOT_LEADER, naming
+the leader) without disturbing what it applies.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import pytest
 
 from shardq import Client, Message
 from shardq.api.v1 import export_pb2, export_pb2_grpc, replication_pb2, replication_pb2_grpc
+from shardq.errors import Reason
+from shardq.status import error_from_rpc
 from tests.support.clusters import SERVERS, Cluster
 from tests.support.servers import wait_for
 
@@ -50,7 +53,7 @@ async def abandon_snapshot(endpoint: str, chunks: int) -> None:
         call.cancel()
 
 
-async def abandon_follower_export(endpoint: str, batches: int) -> None:
+async def abandon_export(endpoint: str, batches: int) -> None:
     async with grpc.aio.insecure_channel(endpoint) as channel:
         stub = export_pb2_grpc.ExportServiceStub(channel)
         call = stub.ExportMessages(
@@ -71,8 +74,21 @@ async def abandon_everything(cluster: Cluster) -> None:
         for chunks in CANCEL_AFTER_CHUNKS:
             await asyncio.gather(
                 abandon_snapshot(cluster.endpoint(leader), chunks),
-                abandon_follower_export(cluster.endpoint(follower), chunks),
+                abandon_export(cluster.endpoint(leader), chunks),
+                refused_follower_export(cluster.endpoint(follower), cluster.endpoint(leader)),
             )
+
+
+async def refused_follower_export(endpoint: str, leader: str) -> None:
+    async with grpc.aio.insecure_channel(endpoint) as channel:
+        stub = export_pb2_grpc.ExportServiceStub(channel)
+        call = stub.ExportMessages(export_pb2.ExportMessagesRequest(queue="orders", shard=0, batch_size=500))
+        with pytest.raises(grpc.RpcError) as refused:
+            async for _ in call:
+                pass
+        error = error_from_rpc(refused.value, queue="orders")
+        assert error.reason is Reason.NOT_LEADER, error
+        assert error.leader == leader
 
 
 @pytest.mark.timeout(180)
