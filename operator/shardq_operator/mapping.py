@@ -1,9 +1,10 @@
 """The cluster map a ShardqCluster and its Queues stand for (pure).
 
-Placement is sticky: a queue already in the map keeps its replicas; a new queue is
-placed by the planner the local supervisor uses (`shardq.coordination`); a removed
-Queue leaves the map. Whatever cannot be applied is reported per queue, and the map
-keeps what it had for that queue.
+Placement is sticky: a queue already in the map keeps its replicas (only replica moves,
+`shardq.coordination.replica_moves`, change them); a new queue is placed by the planner
+the local supervisor uses (`shardq.coordination`); a removed Queue leaves the map.
+Whatever cannot be applied is reported per queue, and the map keeps what it had for
+that queue.
 """
 
 from __future__ import annotations
@@ -36,12 +37,28 @@ def queue_entry(name: str, spec: Mapping[str, Any]) -> QueueEntry:
 @dataclasses.dataclass(frozen=True)
 class DesiredMap:
     cluster_map: ClusterMap
-    # Pods the StatefulSet must have: the spec's servers, or more while replicas still live beyond them.
-    servers: int
     # queue -> why its resource could not be applied as written (the map keeps what it had).
     problems: dict[str, str]
-    # Why the cluster itself is not as specified, if it is not.
-    cluster_problem: str = ""
+
+
+def servers_needed(cluster: str, servers: int, placement: Mapping[str, list[list[str]]]) -> int:
+    """Pods the StatefulSet must have: the spec's servers, or more while a server beyond
+    them still holds replicas (a scale-in waits until they have moved off)."""
+    prefix = naming.server_set(cluster) + "-"
+    referenced = {server for shards in placement.values() for replicas in shards for server in replicas}
+    ordinals = [int(server.removeprefix(prefix)) for server in referenced if server.startswith(prefix)]
+    return max(servers, max(ordinals, default=-1) + 1)
+
+
+def with_servers(cluster: ClusterMap, *, name: str, namespace: str, count: int) -> ClusterMap:
+    """`cluster` naming the first `count` servers of the StatefulSet."""
+    return dataclasses.replace(
+        cluster,
+        servers={
+            server_id: ServerEntry(server_id, naming.server_address(name, namespace, server_id))
+            for server_id in naming.server_ids(name, count)
+        },
+    )
 
 
 def desired_map(
@@ -53,31 +70,23 @@ def desired_map(
     queues: Mapping[str, Mapping[str, Any]],
     current: ClusterMap | None,
 ) -> DesiredMap:
-    """The map for `queues` (name -> Queue spec) on a cluster of `servers` pods."""
+    """The map for `queues` (name -> Queue spec) on a cluster of `servers` pods. New
+    queues go on those; servers beyond them stay in the map while they hold replicas
+    (`shardq.coordination.replica_moves` moves those off)."""
     problems: dict[str, str] = {}
-    cluster_problem = ""
-    needed = servers
-    if current is not None:
-        referenced = {server for shards in current.placement.values() for replicas in shards for server in replicas}
-        prefix = naming.server_set(cluster) + "-"
-        ordinals = [int(server.removeprefix(prefix)) for server in referenced if server.startswith(prefix)]
-        highest = max(ordinals, default=-1) + 1
-        if highest > servers:
-            needed = highest
-            cluster_problem = (
-                f"scaling down to {servers} servers needs replicas moved off the others first, which this "
-                f"operator does not do yet; keeping {highest}"
-            )
-    server_entries = {
-        server_id: ServerEntry(server_id, naming.server_address(cluster, namespace, server_id))
-        for server_id in naming.server_ids(cluster, needed)
-    }
-    result = ClusterMap(
-        servers=server_entries,
-        queues=list(current.queues) if current is not None else [],
-        placement=dict(current.placement) if current is not None else {},
-        lease_duration_ms=lease_duration_ms,
+    placement = current.placement if current is not None else {}
+    result = with_servers(
+        ClusterMap(
+            servers={},
+            queues=list(current.queues) if current is not None else [],
+            placement=dict(placement),
+            lease_duration_ms=lease_duration_ms,
+        ),
+        name=cluster,
+        namespace=namespace,
+        count=servers_needed(cluster, servers, placement),
     )
+    staying = naming.server_ids(cluster, servers)
     wanted: dict[str, QueueEntry] = {}
     for name, spec in sorted(queues.items()):
         try:
@@ -94,9 +103,9 @@ def desired_map(
         present = next((queue for queue in result.queues if queue.name == name), None)
         try:
             if present is None:
-                result = with_queue_added(result, entry)
+                result = with_queue_added(result, entry, on=staying)
             elif present.spec != entry.spec:
                 result = with_queue_changed(result, entry)
         except ValueError as error:
             problems[name] = str(error)
-    return DesiredMap(cluster_map=result, servers=needed, problems=problems, cluster_problem=cluster_problem)
+    return DesiredMap(cluster_map=result, problems=problems)

@@ -1,4 +1,4 @@
-"""The operator's own /metrics: reconciles, errors, failovers, and how long a shard was
+"""The operator's own /metrics: reconciles, errors, failovers, replica moves, and how long a shard was
 without a serving leader after its leader's pod went away."""
 
 from __future__ import annotations
@@ -9,8 +9,13 @@ RECONCILES = Counter("shardq_operator_reconciles", "Reconciles of a ShardqCluste
 RECONCILE_ERRORS = Counter("shardq_operator_reconcile_errors", "Reconciles that failed (retried)", ["cluster"])
 TAKEOVERS = Counter(
     "shardq_operator_takeovers",
-    "Shard leases taken over, by reason (holder-died, holder-restarted, lease-expired, rebalance)",
+    "Shard leases taken over, by reason (holder-died, holder-restarted, lease-expired, rebalance, replica-move)",
     ["cluster", "reason"],
+)
+REPLICA_MOVES = Counter(
+    "shardq_operator_replica_moves",
+    "Replica moves between servers (scale-out, scale-in, balance), by phase (started, finished)",
+    ["cluster", "phase"],
 )
 FAILOVER_SECONDS = Histogram(
     "shardq_operator_failover_seconds",

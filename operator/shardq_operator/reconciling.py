@@ -23,6 +23,7 @@ from shardq.coordination.cluster_map import ClusterMap, cluster_map_from_text, l
 from shardq.coordination.fencing import build_isr_change, build_takeover, is_expired, isr_of
 from shardq.coordination.leases import LeaseConflict, LeaseRecord
 from shardq.coordination.placement import ShardId
+from shardq.coordination.replica_moves import DEFAULT_MAX_IN_FLIGHT, MovePlan, plan_replica_moves
 from shardq.coordination.takeovers import (
     ServerObservation,
     Takeover,
@@ -35,7 +36,7 @@ from shardq.coordination.takeovers import (
 from shardq.durations import format_duration_ms, parse_duration_ms
 from shardq_operator import builders, metrics, naming
 from shardq_operator.kube import Kube, Manifest
-from shardq_operator.mapping import DesiredMap, desired_map
+from shardq_operator.mapping import DesiredMap, desired_map, servers_needed, with_servers
 from shardq_operator.observing import observe_servers, pod_address
 from shardq_operator.statuses import leader_loads
 
@@ -94,6 +95,7 @@ class Tick:
     cluster_map: ClusterMap | None = None
     takeovers: list[Takeover] = dataclasses.field(default_factory=list)
     problems: dict[str, str] = dataclasses.field(default_factory=dict)
+    moves: MovePlan | None = None
 
 
 class Reconciler:
@@ -158,16 +160,29 @@ class Reconciler:
             lease_ms = parse_duration_ms(str(spec.get("leaseDuration", "10s")))
         except ValueError:
             lease_ms = DEFAULT_LEASE_MS
+        spec_servers = int(spec.get("servers", 3))
         desired = desired_map(
             cluster=name,
             namespace=namespace,
-            servers=int(spec.get("servers", 3)),
+            servers=spec_servers,
             lease_duration_ms=lease_ms,
             queues={queue_name: queue.get("spec", {}) for queue_name, queue in live.items()},
             current=current,
         )
-        cluster_map = desired.cluster_map
         leases = self.kube.leases(namespace)
+        pods = self.kube.server_pods(namespace, name)
+        held = {record.name: record for record in leases.list("")}
+        # Replicas onto new servers after a scale-out, off the ones that go before a scale-in.
+        ready = {server for server, seen in observe_servers(desired.cluster_map.servers, pods).items() if seen.ready}
+        moves = plan_replica_moves(
+            cluster=desired.cluster_map,
+            servers=naming.server_ids(name, spec_servers),
+            ready=ready,
+            leases=held,
+            max_in_flight=int(spec.get("rebalance", {}).get("maxReplicaMovesInFlight", DEFAULT_MAX_IN_FLIGHT)),
+        )
+        count = servers_needed(name, spec_servers, moves.cluster_map.placement)
+        cluster_map = with_servers(moves.cluster_map, name=name, namespace=namespace, count=count)
         # Leases first: a server that sees a new shard in the map finds its lease.
         known = set(current.shards()) if current is not None else set()
         for shard in cluster_map.shards():
@@ -185,6 +200,7 @@ class Reconciler:
                 leases.create(record)
             else:
                 leases.update(record)
+        self._carry_out_moves(owner, live, moves, cluster_map, held)
         for manifest in (
             builders.service_account(owner),
             builders.role(owner),
@@ -193,7 +209,7 @@ class Reconciler:
             builders.peers_service(owner),
             builders.client_service(owner),
             builders.disruption_budget(owner),
-            builders.stateful_set(owner, servers=desired.servers),
+            builders.stateful_set(owner, servers=count),
         ):
             self._apply(manifest)
         for queue_name, queue in live.items():
@@ -202,10 +218,8 @@ class Reconciler:
         if current is None or current != cluster_map:
             log.info("cluster %s/%s: map now has queues %s", namespace, name, sorted(cluster_map.placement))
 
-        pods = self.kube.server_pods(namespace, name)
         servers = observe_servers(cluster_map.servers, pods)
-        held = {record.name: record for record in leases.list("")}
-        tick = Tick(cluster_map=cluster_map, problems=desired.problems)
+        tick = Tick(cluster_map=cluster_map, problems=desired.problems, moves=moves)
         now = wall_clock_ms()
         self._note_down_servers(namespace, servers)
         for decision in choose_failovers(cluster=cluster_map, leases=held, servers=servers, now_ms=now):
@@ -233,8 +247,50 @@ class Reconciler:
             self._event_on_queue(live, decision.lease, reason="Failover", message=message)
         if not tick.takeovers:
             self._rebalance(owner, live, cluster_map, servers, held, pods, tick)
-        self._write_statuses(owner, live, cluster_map, desired, servers, held, now, pods)
+        self._write_statuses(owner, live, cluster_map, desired, moves, spec_servers, servers, held, now, pods)
         return tick
+
+    def _carry_out_moves(
+        self,
+        owner: Manifest,
+        live: Mapping[str, Manifest],
+        moves: MovePlan,
+        cluster_map: ClusterMap,
+        held: dict[str, LeaseRecord],
+    ) -> None:
+        """Hand leadership off replicas that are leaving (lease CAS), count and announce
+        the moves the new map starts and finishes."""
+        namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
+        label = f"{namespace}/{name}"
+        now = wall_clock_ms()
+        for handoff in moves.handoffs:
+            taken = build_takeover(
+                handoff.lease, new_holder=handoff.new_holder, now_ms=now, duration_ms=cluster_map.lease_duration_ms
+            )
+            try:
+                written = self.kube.leases(namespace).update(build_isr_change(taken, isr_after_takeover(handoff)))
+            except LeaseConflict:
+                continue  # renewed or taken since it was read: the next pass decides again
+            held[written.name] = written
+            metrics.TAKEOVERS.labels(label, handoff.reason.value).inc()
+            message = (
+                f"{handoff.lease.name}: leadership {handoff.lease.holder} -> {handoff.new_holder} at epoch "
+                f"{written.transitions}, before its replica on {handoff.lease.holder} moves"
+            )
+            log.info("cluster %s: %s", label, message)
+            self._event_on_queue(live, handoff.lease, reason="LeadershipHandedOff", message=message)
+        for move, verb in [*((m, "started") for m in moves.started), *((m, "finished") for m in moves.finished)]:
+            metrics.REPLICA_MOVES.labels(label, verb).inc()
+            shard = lease_name(move.shard)
+            message = (
+                f"{shard}: copying a replica to {move.target}"
+                if verb == "started"
+                else f"{shard}: replica on {move.source} removed, {move.target} in sync"
+            )
+            log.info("cluster %s: replica move %s: %s", label, verb, message)
+            if shard in held:
+                reason = "ReplicaMoveStarted" if verb == "started" else "ReplicaMoveFinished"
+                self._event_on_queue(live, held[shard], reason=reason, message=message)
 
     def _rebalance(
         self,
@@ -365,6 +421,8 @@ class Reconciler:
         live: Mapping[str, Manifest],
         cluster_map: ClusterMap,
         desired: DesiredMap,
+        moves: MovePlan,
+        spec_servers: int,
         servers: Mapping[str, ServerObservation],
         held: Mapping[str, LeaseRecord],
         now: int,
@@ -383,14 +441,27 @@ class Reconciler:
                 leads[lease.holder] += 1
         previous = owner.get("status", {}).get("conditions", [])
         all_ready = len(ready) == len(servers)
+        scaling = (
+            f"scaling in to {spec_servers} servers: moving replicas off {', '.join(moves.draining)} first"
+            if moves.draining
+            else ""
+        )
+        moving = [f"{shard}: {why}" for shard, why in sorted(moves.waiting.items())]
         conditions = [
             condition(
                 previous,
                 "Ready",
-                all_ready and not desired.cluster_problem,
+                all_ready,
                 "AllServersReady" if all_ready else "ServersStarting",
-                desired.cluster_problem or f"{len(ready)} of {len(servers)} servers ready",
-            )
+                f"{len(ready)} of {len(servers)} servers ready",
+            ),
+            condition(
+                previous,
+                "Progressing",
+                bool(moving or moves.draining),
+                "MovingReplicas" if moving or moves.draining else "Settled",
+                scaling or (f"{len(moving)} shards moving a replica" if moving else "every replica where it belongs"),
+            ),
         ]
         self._status(
             "shardqclusters",
@@ -400,6 +471,7 @@ class Reconciler:
                 "readyServers": len(ready),
                 "queues": len(cluster_map.placement),
                 "proposedMoves": self._proposed.get((namespace, cluster), []),
+                "replicaMoves": moving,
                 "servers": [
                     {"name": name, "ready": servers[name].ready, "leads": leads[name], "load": 0.0}
                     for name in sorted(servers)

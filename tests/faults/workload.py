@@ -77,6 +77,9 @@ class WorkloadConfig:
     wait_time_ms: int = 500
     call_timeout_s: float = 3.0
     unknown_send_retries: int = 3
+    # False for clients that cannot reach the leaders' addresses (a host outside the
+    # pods' network): the endpoint forwards every call.
+    route_directly: bool = True
 
 
 @dataclasses.dataclass
@@ -130,7 +133,7 @@ class Worker:
         endpoint = self._endpoint()
         client = self._clients.get(endpoint)
         if client is None:
-            client = self._clients[endpoint] = AsyncClient(endpoint)
+            client = self._clients[endpoint] = AsyncClient(endpoint, route_directly=self.config.route_directly)
         return client
 
     def _rotate(self) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from shardq_operator import builders, naming
-from shardq_operator.mapping import desired_map
+from shardq_operator.mapping import desired_map, servers_needed
 from shardq_operator.observing import observe_pod, observe_servers
 
 from shardq.coordination.cluster_map import CLUSTER_MAP_KEY, cluster_map_from_text
@@ -64,13 +64,19 @@ def test_an_invalid_queue_or_one_needing_more_servers_is_reported_not_placed() -
     assert sorted(result.cluster_map.placement) == ["fine"]
 
 
-def test_scaling_down_under_placed_replicas_keeps_the_servers_and_says_why() -> None:
+def test_scaling_in_keeps_servers_that_hold_replicas_and_places_new_queues_on_the_rest() -> None:
     first = plan({"orders": {"shards": 3}}).cluster_map
-    shrunk = plan({"orders": {"shards": 3}}, current=first, servers=2)
-    assert shrunk.servers == 3
-    assert "scaling down" in shrunk.cluster_problem
+    shrunk = plan({"orders": {"shards": 3}, "audit": {"shards": 2, "replicas": 2}}, current=first, servers=2)
+    # The third server stays in the map (and the StatefulSet) while it holds replicas...
+    assert len(shrunk.cluster_map.servers) == 3
+    assert servers_needed("main", 2, shrunk.cluster_map.placement) == 3
+    # ...but a queue created meanwhile is placed only on the servers that remain.
+    assert {server for replicas in shrunk.cluster_map.placement["audit"] for server in replicas} <= {
+        "main-shardq-0",
+        "main-shardq-1",
+    }
     grown = plan({"orders": {"shards": 3}}, current=first, servers=5)
-    assert grown.servers == 5
+    assert len(grown.cluster_map.servers) == 5
     assert grown.cluster_map.placement["orders"] == first.placement["orders"]
 
 
