@@ -2,7 +2,10 @@
 
 Every call that arrives while earlier batches are in flight (or in the same
 event-loop turn) joins the next batch, so throughput rises with concurrency
-without adding a timer's worth of latency to a lone caller. Used for single
+without adding a timer's worth of latency to a lone caller. A call made while
+nothing is in flight or waiting goes out at once, from the caller's own task:
+there is nothing to share a batch with, and waiting for the next loop turn and
+a task of its own would only add latency. Used for single
 sends and batches onto the producer stream, and for acknowledgements on the
 consumer stream: the server's cost is per request far more than per message.
 """
@@ -35,15 +38,26 @@ class Coalescer(Generic[Item, Result]):
         self._flush_scheduled = False
 
     async def add(self, item: Item) -> Result:
-        return (await self._enqueue([item]))[0]
+        return (await self._run([item]))[0]
 
     async def add_many(self, items: Sequence[Item]) -> list[Result]:
         """The results of `items`, in order; a call over max_batch spans several batches."""
         if len(items) <= self._max_batch:
-            return await self._enqueue(list(items)) if items else []
+            return await self._run(list(items)) if items else []
         chunks = [list(items[start : start + self._max_batch]) for start in range(0, len(items), self._max_batch)]
         parts = await asyncio.gather(*(self._enqueue(chunk) for chunk in chunks))
         return [result for part in parts for result in part]
+
+    async def _run(self, chunk: list[Item]) -> list[Result]:
+        if self._in_flight or self._pending or self._flush_scheduled:
+            return await self._enqueue(chunk)
+        # Alone: submitted now, in this task. Calls arriving meanwhile queue for the next batch.
+        self._in_flight += 1
+        try:
+            return list(await self._submit(chunk))
+        finally:
+            self._in_flight -= 1
+            self._flush()
 
     def _enqueue(self, chunk: list[Item]) -> asyncio.Future[list[Result]]:
         loop = asyncio.get_running_loop()

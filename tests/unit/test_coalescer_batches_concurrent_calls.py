@@ -33,8 +33,28 @@ def test_concurrent_calls_share_batches_and_get_their_own_results() -> None:
         results = await asyncio.gather(*(coalescer.add_many(call) for call in calls), coalescer.add(99))
         assert results == [[i * 10 for i in call] for call in calls] + [990]
         assert all(len(batch) <= 5 for batch in submit.batches)
-        # Six chunks (the 7-item call is two) went out in four batches: calls really shared them.
-        assert submit.batches == [[1, 2, 3], [4, 5, 6], [7, 8, 9, 10, 11], [12, 13, 99]]
+        # The first call found nothing in flight and went out alone, at once; the five
+        # chunks after it (the 7-item call is two) shared three batches.
+        assert submit.batches == [[1, 2], [3, 4, 5, 6], [7, 8, 9, 10, 11], [12, 13, 99]]
+
+    asyncio.run(scenario())
+
+
+def test_a_lone_call_is_submitted_from_the_callers_own_task() -> None:
+    """Nothing in flight, nothing waiting: no loop turn and no task of its own in between."""
+
+    async def scenario() -> None:
+        submitted_from: list[asyncio.Task[object] | None] = []
+
+        async def submit(items: list[int]) -> list[int]:
+            submitted_from.append(asyncio.current_task())
+            return [item * 10 for item in items]
+
+        coalescer: Coalescer[int, int] = Coalescer(submit, max_batch=5, max_in_flight=2)
+        caller = asyncio.current_task()
+        assert await coalescer.add(1) == 10
+        assert await coalescer.add_many([2, 3]) == [20, 30]
+        assert submitted_from == [caller, caller]
 
     asyncio.run(scenario())
 
