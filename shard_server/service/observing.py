@@ -12,6 +12,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
 import grpc
+from prometheus_client import Counter
 
 from shard_server import metrics
 
@@ -34,16 +35,37 @@ def _short_method(full: str) -> str:
 
 
 class ObservingInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self) -> None:
+        # The observed handler of each method, built on its first call. Services are
+        # registered before the server starts, so a method's handler never changes, and
+        # this interceptor is the outer one: later calls skip the whole chain of
+        # continuations and wrappers (tens of microseconds per call on a small machine).
+        self._observed: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        observed = self._observed.get(handler_call_details.method)
+        if observed is not None:
+            return observed
         handler = await continuation(handler_call_details)
         if handler is None:
-            return handler
-        method = _short_method(handler_call_details.method)
-        requests = metrics.REQUESTS
+            return handler  # an unknown method: not remembered, callers may invent any number
+        observed = self._observe(handler, _short_method(handler_call_details.method))
+        self._observed[handler_call_details.method] = observed
+        return observed
+
+    def _observe(self, handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMethodHandler[Any, Any]:
+        by_code: dict[str, Counter] = {}
+
+        def count(code: str) -> None:
+            counter = by_code.get(code)
+            if counter is None:
+                counter = by_code[code] = metrics.REQUESTS.labels(method, code)
+            counter.inc()
+
         if handler.response_streaming:
             streams = metrics.OPEN_STREAMS.labels(method)
             # grpc.aio runs coroutine and async-generator behaviours; its stubs type them as sync.
@@ -64,7 +86,7 @@ class ObservingInterceptor(grpc.aio.ServerInterceptor):
                     raise
                 finally:
                     streams.dec()
-                    requests.labels(method, _code_name(context, failed=failed, cancelled=cancelled)).inc()
+                    count(_code_name(context, failed=failed, cancelled=cancelled))
 
             make_streaming = (
                 grpc.unary_stream_rpc_method_handler
@@ -95,7 +117,7 @@ class ObservingInterceptor(grpc.aio.ServerInterceptor):
             finally:
                 if client_streaming:
                     streams.dec()
-                requests.labels(method, _code_name(context, failed=failed, cancelled=cancelled)).inc()
+                count(_code_name(context, failed=failed, cancelled=cancelled))
 
         make_answering = (
             grpc.stream_unary_rpc_method_handler if client_streaming else grpc.unary_unary_rpc_method_handler
