@@ -445,8 +445,14 @@ class Server:
     profile_path: pathlib.Path | None
 
 
-def start_server(data_dir: pathlib.Path, queue_option: str, profile_path: pathlib.Path | None) -> Server:
-    """`shardq serve` on a kernel-chosen port; ready once it prints its listening line."""
+def start_server(
+    data_dir: pathlib.Path,
+    queue_option: str,
+    profile_path: pathlib.Path | None,
+    extra_args: tuple[str, ...] = (),
+) -> Server:
+    """`shardq serve` on a kernel-chosen port; ready once it prints its listening line.
+    `extra_args` go to `shardq serve` as they are (e.g. --writer-threads 2)."""
     log_path = data_dir.parent / "server.log"
     command = [sys.executable]
     if profile_path is not None:
@@ -455,7 +461,7 @@ def start_server(data_dir: pathlib.Path, queue_option: str, profile_path: pathli
     else:
         command += ["-m", "shardq"]
     command += ["serve", "--data-dir", str(data_dir), "--host", "127.0.0.1", "--port", "0"]
-    command += ["--queue", queue_option, "--log-format", "text"]
+    command += ["--queue", queue_option, "--log-format", "text", *extra_args]
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S

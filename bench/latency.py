@@ -5,22 +5,34 @@ one AsyncClient in this process. For each concurrency C in --concurrency (defaul
 1, 4, 16, 64), C callers each keep exactly one call in flight, and every call's latency
 is recorded. Phases, in order, for each C:
 
-  send1.unary     send_messages(queue, [1 message])
-  send10.unary    send_messages(queue, [10 messages])
-  send1.stream    send(queue, message): one message over the producer stream
-  receive.unary   receive_messages(max 10, no wait), keeping the receipts
+  send1.unary      send_messages(queue, [1 message])
+  send10.unary     send_messages(queue, [10 messages])
+  send1.stream     send(queue, message): one message over the producer stream
+  send10.stream    send_messages_streamed(queue, [10 messages]) over the producer stream
+  receive.unary    receive_messages(max 10, no wait), keeping the receipts
   visibility.unary change_visibility of one receipt (to 60 s)
-  delete.unary    delete_messages of one receipt
-  worker          C consumers: receive up to 10, then delete each message, awaiting each
-                  answer, from a queue filled for it beforehand (untimed); a call is one
-                  receive and its deletes, and messages_per_s is what the loop delivers
+  delete.unary     delete_messages of one receipt
+  delete.stream    delete of one receipt over a consumer stream (one stream per caller,
+                   granted no credits, so it only carries the deletes)
+  worker           C consumers: receive up to 10, then delete each message, awaiting each
+                   answer, from a queue filled for it beforehand (untimed); a call is one
+                   receive and its deletes, and messages_per_s is what the loop delivers
+  worker.stream    C consumers, each on its own consumer stream with 10 credits: take a
+                   message, delete it over the stream awaiting the answer; a call is one
+                   message, from asking for it to its delete being answered
 
-Each phase runs --ops calls in all (at least 4 per caller) or --max-seconds, whichever
-comes first. Reported per phase: calls/s, p50 / p99 / p99.9 / max latency, and the CPU
-the server and this client process used per call. The queue is drained between
-concurrencies so each starts from an empty queue.
+With C=4 the send and worker phases are the issue's "4 producers / 4 consumers, one call
+in flight each". Each phase runs --ops calls in all (at least 4 per caller) or
+--max-seconds, whichever comes first. Reported per phase: calls/s, p50 / p99 / p99.9 /
+max latency, and the CPU the server and this client process used per call. The queue is
+drained between concurrencies so each starts from an empty queue.
+
+With --runs N the whole measurement runs N times, each on a fresh server, and each cell
+reports the run with the median p50 (its other figures are that run's), with the p50 of
+every run beside it: the machine varies, and one run can be unlucky.
 
 Usage: python bench/latency.py [--concurrency 1,4,16,64] [--ops 2000] [--shards 4]
+       [--phases send1.unary,...] [--runs 3] [--server-arg=--writer-threads=2]
        [--payload-bytes 256] [--out bench/results] [--label default]
 """
 
@@ -28,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import json
 import pathlib
@@ -40,10 +53,24 @@ from typing import Any
 
 import dataplane  # bench/dataplane.py: this script's directory is sys.path[0]
 
-from shardq.aio import AsyncClient
+from shardq.aio import AsyncClient, ConsumerStream
 from shardq.types import Message
 
 MAX_SECONDS = 20.0
+# The worker.stream consumers' prefetch: as much as one unary receive takes.
+WORKER_STREAM_CREDITS = 10
+PHASES = (
+    "send1.unary",
+    "send10.unary",
+    "send1.stream",
+    "send10.stream",
+    "receive.unary",
+    "visibility.unary",
+    "delete.unary",
+    "delete.stream",
+    "worker",
+    "worker.stream",
+)
 
 
 async def callers(
@@ -70,6 +97,28 @@ async def callers(
     return latencies, done[0]
 
 
+def summarize(
+    name: str, concurrency: int, meter: dataplane.Meter, latencies: list[float], operations: int
+) -> dict[str, Any]:
+    result = {"phase": name, "concurrency": concurrency, **dataplane.latency_summary(latencies)}
+    report = meter.report(len(latencies))
+    result["calls_per_s"] = report["msgs_per_s"]
+    result["operations"] = operations
+    result["server_cpu_us_per_call"] = report["server_cpu_us_per_msg"]
+    result["client_cpu_us_per_call"] = report["client_cpu_us_per_msg"]
+    if name.startswith("worker"):
+        # Per message, not per call: what a worker loop delivers.
+        result["messages_per_s"] = round(operations / meter.elapsed_s, 1) if meter.elapsed_s > 0 else 0.0
+    print(
+        f"[latency] C={concurrency:<3} {name:<17} {result['calls_per_s']:>9.1f}/s  "
+        f"p50 {result.get('p50_ms', 0):7.2f} ms  p99 {result.get('p99_ms', 0):7.2f} ms  "
+        f"p99.9 {result.get('p999_ms', 0):7.2f} ms  server {result['server_cpu_us_per_call']:7.0f} us/call",
+        file=sys.stderr,
+        flush=True,
+    )
+    return result
+
+
 async def run_phase(
     name: str,
     concurrency: int,
@@ -81,20 +130,7 @@ async def run_phase(
     meter.start()
     latencies, operations = await callers(concurrency, total, MAX_SECONDS, call)
     meter.stop()
-    result = {"phase": name, "concurrency": concurrency, **dataplane.latency_summary(latencies)}
-    report = meter.report(len(latencies))
-    result["calls_per_s"] = report["msgs_per_s"]
-    result["operations"] = operations
-    result["server_cpu_us_per_call"] = report["server_cpu_us_per_msg"]
-    result["client_cpu_us_per_call"] = report["client_cpu_us_per_msg"]
-    print(
-        f"[latency] C={concurrency:<3} {name:<17} {result['calls_per_s']:>9.1f}/s  "
-        f"p50 {result.get('p50_ms', 0):7.2f} ms  p99 {result.get('p99_ms', 0):7.2f} ms  "
-        f"p99.9 {result.get('p999_ms', 0):7.2f} ms  server {result['server_cpu_us_per_call']:7.0f} us/call",
-        file=sys.stderr,
-        flush=True,
-    )
-    return result
+    return summarize(name, concurrency, meter, latencies, operations)
 
 
 async def drain(client: AsyncClient, queue: str) -> None:
@@ -109,13 +145,22 @@ async def drain(client: AsyncClient, queue: str) -> None:
         await client.delete_messages(queue, [message.receipt for message in messages])
 
 
-async def measure(args: argparse.Namespace, server: dataplane.Server, queue: str) -> list[dict[str, Any]]:
+async def fill(client: AsyncClient, queue: str, payload: bytes, messages: int) -> None:
+    """Untimed: `messages` messages in the queue, sent 10 at a time."""
+    for start in range(0, messages, 10):
+        await client.send_messages(queue, [Message(payload) for _ in range(min(10, messages - start))])
+
+
+async def measure(
+    args: argparse.Namespace, server: dataplane.Server, queue: str, phases: set[str]
+) -> list[dict[str, Any]]:
     client = await dataplane.connect(server.endpoint)
     results: list[dict[str, Any]] = []
     try:
         for concurrency in args.concurrency:
             total = max(args.ops, 4 * concurrency)
-            results += await measure_at(client, queue, b"x" * args.payload_bytes, concurrency, total, server)
+            payload = b"x" * args.payload_bytes
+            results += await measure_at(client, queue, payload, concurrency, total, server, phases)
             await drain(client, queue)
     finally:
         await client.close()
@@ -123,7 +168,13 @@ async def measure(args: argparse.Namespace, server: dataplane.Server, queue: str
 
 
 async def measure_at(
-    client: AsyncClient, queue: str, payload: bytes, concurrency: int, total: int, server: dataplane.Server
+    client: AsyncClient,
+    queue: str,
+    payload: bytes,
+    concurrency: int,
+    total: int,
+    server: dataplane.Server,
+    phases: set[str],
 ) -> list[dict[str, Any]]:
     pid = server.process.pid
     results: list[dict[str, Any]] = []
@@ -140,10 +191,52 @@ async def measure_at(
         await client.send(queue, payload)
         return 1
 
-    results.append(await run_phase("send1.unary", concurrency, total, pid, send1))
-    results.append(await run_phase("send10.unary", concurrency, total, pid, send10))
-    results.append(await run_phase("send1.stream", concurrency, total, pid, send_stream))
+    async def send10_stream(_: int) -> int:
+        await client.send_messages_streamed(queue, [Message(payload) for _ in range(10)])
+        return 10
 
+    for name, call in (
+        ("send1.unary", send1),
+        ("send10.unary", send10),
+        ("send1.stream", send_stream),
+        ("send10.stream", send10_stream),
+    ):
+        if name in phases:
+            results.append(await run_phase(name, concurrency, total, pid, call))
+
+    receipt_phases = {"receive.unary", "visibility.unary", "delete.unary", "delete.stream"}
+    if phases & receipt_phases:
+        # The receipt phases need messages: as many as they use, if the sends left fewer.
+        visible = (await client.attributes(queue)).visible
+        await fill(client, queue, payload, max(0, 2 * total - visible))
+        results += await measure_receipt_phases(client, queue, concurrency, total, pid, phases)
+        await drain(client, queue)
+
+    if "worker" in phases:
+        worker_calls = max(total // 10, 2 * concurrency)
+        await fill(client, queue, payload, 10 * worker_calls)
+
+        async def work(_: int) -> int:
+            messages = await client.receive_messages(queue, max_messages=10, wait_time_ms=0)
+            for message in messages:
+                await client.delete_messages(queue, [message.receipt])
+            return len(messages)
+
+        results.append(await run_phase("worker", concurrency, worker_calls, pid, work))
+        await drain(client, queue)
+
+    if "worker.stream" in phases:
+        messages = max(total, 10 * concurrency)
+        await fill(client, queue, payload, messages)
+        results.append(await stream_workers(client, queue, concurrency, messages, pid))
+        await drain(client, queue)
+    return results
+
+
+async def measure_receipt_phases(
+    client: AsyncClient, queue: str, concurrency: int, total: int, pid: int, phases: set[str]
+) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
     receipts: list[str] = []
 
     async def receive(_: int) -> int:
@@ -151,7 +244,12 @@ async def measure_at(
         receipts.extend(message.receipt for message in messages)
         return len(messages)
 
-    results.append(await run_phase("receive.unary", concurrency, total, pid, receive))
+    if "receive.unary" in phases:
+        results.append(await run_phase("receive.unary", concurrency, total, pid, receive))
+    while len(receipts) < 2 * total:  # untimed: what the phases below use, if still missing
+        taken = await receive(0)
+        if not taken:
+            break
     held = list(receipts)
     changed: list[str] = []
 
@@ -161,34 +259,94 @@ async def measure_at(
         changed.append(receipt)
         return 1
 
-    results.append(await run_phase("visibility.unary", concurrency, min(total, len(held)), pid, visibility))
+    if "visibility.unary" in phases:
+        results.append(await run_phase("visibility.unary", concurrency, min(total, len(held)), pid, visibility))
     to_delete = changed + held
 
     async def delete(_: int) -> int:
         await client.delete_messages(queue, [to_delete.pop()])
         return 1
 
-    results.append(await run_phase("delete.unary", concurrency, min(total, len(to_delete)), pid, delete))
-    # Untimed: the claims left over, then a queue of exactly what the worker phase takes.
+    if "delete.unary" in phases:
+        results.append(await run_phase("delete.unary", concurrency, min(total, len(to_delete)), pid, delete))
+    if "delete.stream" in phases:
+        async with contextlib.AsyncExitStack() as streams:
+            # No credits: the streams carry deletes only, nothing is pushed to them.
+            opened = [await streams.enter_async_context(client.consume(queue, credits=0)) for _ in range(concurrency)]
+
+            async def delete_streamed(number: int) -> int:
+                await opened[number].delete([to_delete.pop()])
+                return 1
+
+            results.append(
+                await run_phase("delete.stream", concurrency, min(total, len(to_delete)), pid, delete_streamed)
+            )
+    # Untimed: the claims left over.
     for start in range(0, len(to_delete), 10):
         await client.delete_messages(queue, to_delete[start : start + 10])
-    await drain(client, queue)
-    worker_calls = max(total // 10, 2 * concurrency)
-    for _ in range(worker_calls):
-        await client.send_messages(queue, [Message(payload) for _ in range(10)])
-
-    async def work(_: int) -> int:
-        messages = await client.receive_messages(queue, max_messages=10, wait_time_ms=0)
-        for message in messages:
-            await client.delete_messages(queue, [message.receipt])
-        return len(messages)
-
-    worker = await run_phase("worker", concurrency, worker_calls, pid, work)
-    # Per message, not per receive: what a worker loop delivers.
-    elapsed = worker["calls"] / worker["calls_per_s"] if worker.get("calls_per_s") else 0
-    worker["messages_per_s"] = round(worker["operations"] / elapsed, 1) if elapsed else 0.0
-    results.append(worker)
     return results
+
+
+async def stream_workers(client: AsyncClient, queue: str, concurrency: int, messages: int, pid: int) -> dict[str, Any]:
+    """worker.stream: `concurrency` consumers on their own consumer streams, each taking a
+    message and deleting it over its stream, until `messages` are deleted (or time)."""
+    latencies: list[float] = []
+    remaining = [messages]
+    done = [0]
+    finished = asyncio.Event()
+
+    async def consume(stream: ConsumerStream) -> None:
+        asked = time.perf_counter()
+        async for message in stream.messages():
+            answer = await stream.delete([message.receipt])
+            latencies.append(time.perf_counter() - asked)
+            done[0] += sum(1 for entry in answer if entry.ok)
+            remaining[0] -= 1
+            if remaining[0] <= 0:
+                finished.set()
+                return
+            asked = time.perf_counter()
+
+    async with contextlib.AsyncExitStack() as streams:
+        opened = [
+            await streams.enter_async_context(
+                client.consume(queue, credits=WORKER_STREAM_CREDITS, max_batch=WORKER_STREAM_CREDITS)
+            )
+            for _ in range(concurrency)
+        ]
+        meter = dataplane.Meter(pid)
+        meter.start()
+        consumers = [asyncio.create_task(consume(stream)) for stream in opened]
+        # Consumers whose streams hold nothing more wait in messages(): they are
+        # cancelled once every message is deleted (or the time is up).
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(finished.wait(), timeout=MAX_SECONDS)
+        meter.stop()
+        for consumer in consumers:
+            consumer.cancel()
+        outcomes = await asyncio.gather(*consumers, return_exceptions=True)
+        failures = [outcome for outcome in outcomes if isinstance(outcome, Exception)]
+        if failures:
+            raise failures[0]
+        untaken = [message for stream in opened for message in await stream.close()]
+    if untaken:  # prefetched, never taken: visible again for the drain that follows
+        await client.change_visibility(queue, [(message.receipt, 0) for message in untaken])
+    return summarize("worker.stream", concurrency, meter, latencies, done[0])
+
+
+def median_runs(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per (phase, concurrency), the run with the median p50, and every run's p50."""
+    cells: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for run in runs:
+        for result in run:
+            cells.setdefault((result["phase"], result["concurrency"]), []).append(result)
+    chosen = []
+    for results in cells.values():
+        ordered = sorted(results, key=lambda result: result.get("p50_ms", 0.0))
+        median = dict(ordered[(len(ordered) - 1) // 2])
+        median["p50_ms_of_runs"] = [result.get("p50_ms", 0.0) for result in results]
+        chosen.append(median)
+    return chosen
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -202,21 +360,51 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ops", type=int, default=2000, help="calls per phase (at least 4 per caller)")
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--payload-bytes", type=int, default=256)
+    parser.add_argument(
+        "--phases",
+        type=lambda text: text.split(","),
+        default=list(PHASES),
+        help=f"comma-separated, of: {', '.join(PHASES)}",
+    )
+    parser.add_argument("--runs", type=int, default=1, help="whole measurements, each on a fresh server")
+    parser.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        help="passed to `shardq serve` (repeat it; --server-arg=--writer-threads=2)",
+    )
     parser.add_argument("--label", default="default", help="names the output file latency-LABEL.json")
     parser.add_argument("--out", type=pathlib.Path, default=None, help="directory to write latency-LABEL.json")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    unknown = set(args.phases) - set(PHASES)
+    if unknown:
+        parser.error(f"unknown phases: {', '.join(sorted(unknown))}")
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    return args
+
+
+def run_once(args: argparse.Namespace) -> list[dict[str, Any]]:
+    root = pathlib.Path(tempfile.mkdtemp(prefix="shardq-latency-"))
+    queue = "bench"
+    server = dataplane.start_server(
+        root / "data", f"{queue}:shards={args.shards}", None, extra_args=tuple(args.server_arg)
+    )
+    try:
+        return asyncio.run(measure(args, server, queue, set(args.phases)))
+    finally:
+        dataplane.stop_process(server.process)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    root = pathlib.Path(tempfile.mkdtemp(prefix="shardq-latency-"))
-    queue = "bench"
-    server = dataplane.start_server(root / "data", f"{queue}:shards={args.shards}", None)
-    try:
-        results = asyncio.run(measure(args, server, queue))
-    finally:
-        dataplane.stop_process(server.process)
-        shutil.rmtree(root, ignore_errors=True)
+    runs = []
+    for number in range(args.runs):
+        if args.runs > 1:
+            print(f"[latency] run {number + 1} of {args.runs}", file=sys.stderr, flush=True)
+        runs.append(run_once(args))
+    results = runs[0] if args.runs == 1 else median_runs(runs)
     report = {
         "benchmark": "latency",
         "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -224,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
         "shards": args.shards,
         "payload_bytes": args.payload_bytes,
         "fsync": True,
+        "runs": args.runs,
+        "server_args": args.server_arg,
         "results": results,
     }
     text = json.dumps(report, indent=2)
