@@ -57,7 +57,8 @@ def login(**_: Any) -> kopf.ConnectionInfo:
     """kopf connects as our own client does (kubeconfig or the pod's service account),
     client certificates included."""
     configuration = _reconciler().kube.api_client.configuration
-    token = (configuration.api_key or {}).get("authorization", "")
+    # A kubeconfig's token is kept as `authorization`, a pod's service account token as `BearerToken`.
+    token = (configuration.api_key or {}).get("authorization") or (configuration.api_key or {}).get("BearerToken", "")
     return kopf.ConnectionInfo(
         server=configuration.host,
         ca_path=configuration.ssl_ca_cert,
@@ -65,7 +66,7 @@ def login(**_: Any) -> kopf.ConnectionInfo:
         certificate_path=configuration.cert_file,
         private_key_path=configuration.key_file,
         scheme="Bearer" if token else None,
-        token=token.removeprefix("Bearer ").strip() or None,
+        token=token.split(" ", 1)[-1].strip() or None,  # without its "Bearer "/"bearer " prefix
     )
 
 
