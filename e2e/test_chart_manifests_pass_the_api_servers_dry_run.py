@@ -23,7 +23,7 @@ from kubernetes.client.exceptions import ApiException
 from shardq_operator import builders
 
 from e2e.binaries import Binaries, require
-from e2e.helm import EVERY_SWITCH, render
+from e2e.helm import CHART, EVERY_SWITCH, helm, render
 from e2e.polling import wait_for
 from shardq.coordination.cluster_map import ClusterMap
 
@@ -351,3 +351,13 @@ def test_the_operator_role_covers_what_it_writes_and_reads_and_no_more(
         for manifest in rights:
             if manifest["kind"] != "ServiceAccount":
                 kubectl(binaries, kubeconfig, "delete", manifest["kind"].lower(), manifest["metadata"]["name"])
+
+
+def test_helm_install_refuses_a_wrong_value_naming_it_and_installs_nothing(
+    binaries: Binaries, kubeconfig: Path, namespace: str
+) -> None:
+    kube = ("--kubeconfig", str(kubeconfig), "--namespace", namespace)
+    done = helm(binaries, "install", "wrong", CHART, *kube, "--set", "cluster.servers=many")
+    assert done.returncode != 0
+    assert "at '/cluster/servers': got string, want integer" in done.stderr, done.stderr
+    assert helm(binaries, "list", "--short", "--all", *kube).stdout.strip() == ""
