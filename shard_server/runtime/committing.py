@@ -8,6 +8,17 @@ overlapped (see README, Performance). Answers go out after
 the commit, except receives, which may answer as soon as their claims are
 decided (DESIGN §5: a lost claim only means a redelivery, and the receipt of a
 lost claim is rejected because the next claim carries a newer epoch or token).
+
+When nothing else waits for the shard's writer thread, a batch runs on the
+event loop itself instead, at the end of the loop turn in which its first
+request arrived (so the requests of that turn share it). A lone request then
+pays no thread hand-off either way: handing work to the writer and its answer
+back cost two thread wake-ups, a GIL hand-over and two event-loop turns, about
+as much as the commit itself on a quiet server (README, Latency). When other
+batches wait (under load, or several shards written in one turn) batches go to
+the writer, so the event loop keeps serving while fsyncs run; batches that
+answer before their commit (receives) always do. The commit, fsync included,
+is the same transaction either way.
 """
 
 from __future__ import annotations
@@ -63,6 +74,24 @@ class CommitReport:
     epoch: int
 
 
+class WriterThread:
+    """One thread running write transactions, and how much work it has (event loop only)."""
+
+    def __init__(self, name: str, *, commit_on_loop_when_idle: bool) -> None:
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        # Whether a batch may run on the event loop while this thread is idle (see the module docstring).
+        self.commit_on_loop_when_idle = commit_on_loop_when_idle
+        # Batches and exclusive work handed to the thread and not yet finished, and
+        # batches about to run on the event loop: the thread counts as busy while
+        # either may be running, so two shards never commit on the loop in a row
+        # while the thread stands idle.
+        self.outstanding = 0
+
+    @property
+    def idle(self) -> bool:
+        return self.outstanding == 0
+
+
 class WriterThreads:
     """The threads that run write transactions, shared by every shard of a server.
 
@@ -73,23 +102,23 @@ class WriterThreads:
     only with LMDB calls releasing the GIL, which they are then made to do.
     """
 
-    def __init__(self, count: int = 1) -> None:
+    def __init__(self, count: int = 1, *, commit_on_loop_when_idle: bool = True) -> None:
         if count < 1:
             raise ValueError(f"writer threads must be at least 1, got {count}")
         if count > 1:
             let_lmdb_calls_release_the_gil()
         self._threads = [
-            concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"writer-{i}") for i in range(count)
+            WriterThread(f"writer-{i}", commit_on_loop_when_idle=commit_on_loop_when_idle) for i in range(count)
         ]
         self._next = itertools.count()
 
-    def assign(self) -> concurrent.futures.ThreadPoolExecutor:
+    def assign(self) -> WriterThread:
         """The thread for a new shard (round robin)."""
         return self._threads[next(self._next) % len(self._threads)]
 
     def shutdown(self) -> None:
         for thread in self._threads:
-            thread.shutdown(wait=True)
+            thread.executor.shutdown(wait=True)
 
 
 class GroupCommitter:
@@ -98,7 +127,7 @@ class GroupCommitter:
         environment: ShardEnvironment,
         context: Callable[[], ShardContext],
         *,
-        thread: concurrent.futures.ThreadPoolExecutor,
+        thread: WriterThread,
         on_commit: Callable[[CommitReport], None],
         replicated: Callable[[int, int], Awaitable[None]] | None = None,
         clock_ms: Callable[[], int] = wall_clock_ms,
@@ -111,12 +140,16 @@ class GroupCommitter:
         self._on_commit = on_commit
         self._clock_ms = clock_ms
         # This shard's writer thread (shared with other shards, see WriterThreads).
-        self._executor = thread
+        self._thread = thread
+        # Set while a batch is due on the event loop: exclusive work waits for it.
+        self._loop_batch: asyncio.Future[None] | None = None
         # Appended on the event loop, taken whole by the writer thread.
         self._pending: list[_Request[Any]] = []
         self._pending_lock = threading.Lock()
-        # A batch is queued or running on the writer thread (event loop only).
+        # A batch is queued or running, on the writer thread or the event loop (event loop only).
         self._busy = False
+        # The busy batch has not taken its requests yet: a request queued now joins it.
+        self._collecting = False
         self._closed = False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -144,11 +177,46 @@ class GroupCommitter:
             self._start_batch(loop)
         return future
 
+    @property
+    def collecting(self) -> bool:
+        """A batch is due to start and has not taken its requests yet: a request queued
+        now shares its transaction and fsync instead of paying for another."""
+        return self._collecting
+
     def _start_batch(self, loop: asyncio.AbstractEventLoop) -> None:
         self._busy = True
+        self._collecting = True
         self._idle.clear()
-        done = self._executor.submit(self._run_batch, loop)
+        thread = self._thread
+        on_loop = thread.commit_on_loop_when_idle and thread.idle
+        thread.outstanding += 1
+        if on_loop:
+            # At the end of this loop turn: requests arriving in the same turn join.
+            self._loop_batch = loop.create_future()
+            loop.call_soon(self._run_batch_on_loop, loop)
+            return
+        self._submit_batch(loop)
+
+    def _submit_batch(self, loop: asyncio.AbstractEventLoop) -> None:
+        done = self._thread.executor.submit(self._run_batch, loop)
         done.add_done_callback(lambda finished: loop.call_soon_threadsafe(self._finish_batch, loop, finished))
+
+    def _run_batch_on_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._pending_lock:
+            answers_early = any(request.answer_before_commit for request in self._pending)
+        due, self._loop_batch = self._loop_batch, None
+        if answers_early or self._thread.outstanding > 1:
+            # A receive answers as soon as its claims are decided, while the commit runs:
+            # on the event loop its answer could only go out after the fsync. And when
+            # other shards' batches went to the writer in this loop turn, the loop stays
+            # free to answer them while this one waits its turn there.
+            self._submit_batch(loop)
+        else:
+            finished: concurrent.futures.Future[_Batch] = concurrent.futures.Future()
+            finished.set_result(self._run_batch(loop))
+            self._finish_batch(loop, finished)
+        if due is not None:
+            due.set_result(None)  # exclusive work may be queued now: it runs after this batch
 
     def _run_batch(self, loop: asyncio.AbstractEventLoop) -> _Batch:
         # The batch is formed when the writer thread gets to it, not when it was
@@ -156,6 +224,7 @@ class GroupCommitter:
         # shards were committing joins this one transaction and fsync.
         with self._pending_lock:
             batch, self._pending = self._pending, []
+            self._collecting = False
         try:
             return _Batch(batch, *self._commit(loop, batch))
         except Exception as error:  # answered on the event loop, request by request
@@ -187,6 +256,7 @@ class GroupCommitter:
         return outcomes, CommitReport(len(batch), index, now_ms, context.epoch)
 
     def _finish_batch(self, loop: asyncio.AbstractEventLoop, finished: concurrent.futures.Future[_Batch]) -> None:
+        self._thread.outstanding -= 1
         self._busy = False
         result = finished.result()  # _run_batch catches what the work raised
         batch = result.requests
@@ -231,9 +301,23 @@ class GroupCommitter:
         when it starts.
         """
         loop = asyncio.get_running_loop()
-        running = asyncio.wrap_future(self._executor.submit(work), loop=loop)
+        thread = self._thread
+        # Counted from now, so this shard's next batches go to the thread, in order with `work`.
+        thread.outstanding += 1
+        try:
+            if self._loop_batch is not None:
+                await asyncio.shield(self._loop_batch)  # due on the event loop: it runs first
+        except BaseException:
+            thread.outstanding -= 1
+            raise
+        running = asyncio.wrap_future(thread.executor.submit(work), loop=loop)
         self._exclusive.add(running)
-        running.add_done_callback(self._exclusive.discard)
+
+        def finished(done: asyncio.Future[T]) -> None:
+            thread.outstanding -= 1
+            self._exclusive.discard(done)
+
+        running.add_done_callback(finished)
         return await running
 
     async def close(self) -> None:
