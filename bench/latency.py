@@ -43,6 +43,7 @@ import asyncio
 import contextlib
 import datetime
 import json
+import os
 import pathlib
 import shutil
 import sys
@@ -384,7 +385,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def run_once(args: argparse.Namespace) -> list[dict[str, Any]]:
+def run_once(args: argparse.Namespace, loads: list[list[float]]) -> list[dict[str, Any]]:
+    """One whole measurement on a fresh server; appends the 1-minute load average before
+    and after it to `loads` (the machine may be shared: the figures say how busy it was)."""
+    loads.append([round(os.getloadavg()[0], 2)])
+    try:
+        return measure_on_fresh_server(args)
+    finally:
+        loads[-1].append(round(os.getloadavg()[0], 2))
+
+
+def measure_on_fresh_server(args: argparse.Namespace) -> list[dict[str, Any]]:
     root = pathlib.Path(tempfile.mkdtemp(prefix="shardq-latency-"))
     queue = "bench"
     server = dataplane.start_server(
@@ -400,10 +411,11 @@ def run_once(args: argparse.Namespace) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     runs = []
+    loads: list[list[float]] = []
     for number in range(args.runs):
         if args.runs > 1:
             print(f"[latency] run {number + 1} of {args.runs}", file=sys.stderr, flush=True)
-        runs.append(run_once(args))
+        runs.append(run_once(args, loads))
     results = runs[0] if args.runs == 1 else median_runs(runs)
     report = {
         "benchmark": "latency",
@@ -414,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         "fsync": True,
         "runs": args.runs,
         "server_args": args.server_arg,
+        "load_average_before_after_each_run": loads,
         "results": results,
     }
     text = json.dumps(report, indent=2)
