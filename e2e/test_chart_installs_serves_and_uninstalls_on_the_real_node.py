@@ -117,6 +117,8 @@ def test_the_chart_installs_serves_passes_helm_test_and_uninstalls_cleanly(
         "cluster.leaseDuration=3s",
         "cluster.storage.size=100Mi",
         "examples.enabled=true",
+        # Only this namespace: tests sharing the node run their own operators elsewhere.
+        f"operator.watchNamespaces={{{namespace}}}",
     )
     sets = [arg for value in values for arg in ("--set", value)]
 
@@ -198,6 +200,8 @@ def test_the_chart_installs_serves_passes_helm_test_and_uninstalls_cleanly(
             shard_leases = leftovers(api, namespace).get("leases", [])
             if shard_leases:
                 pytest.xfail(f"operator: shard Leases outlive their deleted Queues: {shard_leases}")
+    except pytest.xfail.Exception:
+        raise  # the release was uninstalled: only the operator's known gap is left
     except BaseException:
         # Leave no clusterwide operator behind for the tests after this one (its Queues'
         # finalizers need it while the namespace goes): best effort, the failure is what counts.
