@@ -106,3 +106,21 @@ def test_every_alert_has_a_runbook_paragraph_where_its_url_points(binaries: Bina
                 assert url.endswith("charts/shardq/README.md#" + rule["alert"].lower()), url
                 paragraph = readme.split(f"### {rule['alert']}\n", 1)[1].split("\n### ", 1)[0]
                 assert len(paragraph.split()) > 40, f"{rule['alert']}: a real runbook paragraph"
+
+
+def test_the_rules_name_only_metrics_shardq_defines(binaries: Binaries) -> None:
+    """A renamed metric would silence an alert for good: every name the rules use is one
+    the server or the operator exports (or a recording rule of the chart, or a label the
+    PodMonitor adds)."""
+    root = CHART.parent.parent
+    exposed = set()
+    for source in (root / "shard_server" / "metrics.py", root / "operator" / "shardq_operator" / "metrics.py"):
+        for name in re.findall(r'"(shardq_[a-z_]+)"', source.read_text()):
+            exposed |= {name, f"{name}_total", f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    groups = rendered_groups(binaries)
+    recorded = {rule["record"] for group in groups for rule in group["rules"] if "record" in rule}
+    for group in groups:
+        for rule in group["rules"]:
+            used = set(re.findall(r"\bshardq[:_][a-z_:0-9]+\b", rule["expr"]))
+            unknown = used - exposed - recorded - {"shardq_cluster", "shardq_role"}
+            assert not unknown, f"{rule.get('alert') or rule.get('record')}: {unknown}"
