@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from shardq import Client
-from tests.support.clusters import SERVERS, Cluster, KubernetesLeases
+from tests.support.clusters import Cluster, KubernetesLeases, running
 from tests.support.ports import free_port
 from tests.support.servers import DEFAULT_QUEUES, ServerFactory, ServerProcess
 
@@ -60,13 +60,3 @@ def kubernetes_cluster(tmp_path: pathlib.Path, kubeconfig: pathlib.Path, namespa
     """The same three servers, holding their shard leases as Lease objects on the real
     control plane (`--lease-store kubernetes`, read through a watch)."""
     yield from running(Cluster(tmp_path, kubernetes=KubernetesLeases(kubeconfig, namespace)))
-
-
-def running(cluster: Cluster) -> Iterator[Cluster]:
-    """`cluster` with every server started, stopped after the test whatever happened."""
-    try:
-        for server in SERVERS:
-            cluster.start(server)
-        yield cluster
-    finally:
-        cluster.stop_all()

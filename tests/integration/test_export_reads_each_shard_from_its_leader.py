@@ -16,7 +16,7 @@ from shardq.api.v1 import export_pb2, export_pb2_grpc
 from shardq.errors import Reason
 from shardq.spark.exporting import ExportConnection
 from shardq.status import error_from_rpc
-from tests.support.clusters import Cluster
+from tests.support.clusters import Cluster, running
 from tests.support.servers import wait_for
 
 # Shard 0 on s1 and s2 (s1 leads), shard 1 on s2 and s3 (s2 leads): s1 holds no copy of shard 1.
@@ -25,17 +25,11 @@ PLACEMENT = [["s1", "s2"], ["s2", "s3"]]
 
 @pytest.fixture
 def cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
-    local = Cluster(tmp_path / "cluster", placement=PLACEMENT)
-    try:
-        yield local
-    finally:
-        local.stop_all()
+    yield from running(Cluster(tmp_path / "cluster", placement=PLACEMENT))
 
 
 @pytest.mark.timeout(90)
 def test_each_shard_is_exported_by_its_leader_wherever_the_reader_connects(cluster: Cluster) -> None:
-    for server in cluster.servers:
-        cluster.start(server)
     sent: dict[int, set[bytes]] = {0: set(), 1: set()}
     with Client(cluster.endpoint("s1"), route_directly=False) as client:
 

@@ -14,7 +14,7 @@ import pytest
 
 from shardq import Client, Message
 from shardq.coordination.fencing import isr_of
-from tests.support.clusters import Cluster
+from tests.support.clusters import Cluster, running
 from tests.support.servers import drain, wait_for
 
 LONG_LEASE_MS = 60_000
@@ -22,11 +22,7 @@ LONG_LEASE_MS = 60_000
 
 @pytest.fixture
 def cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
-    local = Cluster(tmp_path / "cluster", lease_ms=LONG_LEASE_MS)
-    try:
-        yield local
-    finally:
-        local.stop_all()
+    yield from running(Cluster(tmp_path / "cluster", lease_ms=LONG_LEASE_MS))
 
 
 def send(client: Client, bodies: list[bytes]) -> None:
@@ -36,8 +32,6 @@ def send(client: Client, bodies: list[bytes]) -> None:
 
 @pytest.mark.timeout(90)
 def test_a_stopping_leader_hands_its_shards_to_in_sync_followers(cluster: Cluster) -> None:
-    for server in cluster.servers:
-        cluster.start(server)
     with Client(cluster.endpoint("s3"), route_directly=False) as client:
         wait_for(lambda: client.list_queues() == ["orders"], timeout=30, what="the cluster serving")
 

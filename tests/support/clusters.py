@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 from shardq.coordination.cluster_map import (
     CLUSTER_FILE,
@@ -136,6 +137,17 @@ class Cluster:
         lease = self.leases.get(lease_name(ShardId("orders", shard)))
         assert lease is not None
         return lease
+
+
+def running(cluster: Cluster) -> Iterator[Cluster]:
+    """`cluster` with every server started, stopped after the test whatever happened
+    (for fixtures: `yield from running(Cluster(...))`)."""
+    try:
+        for server in cluster.servers:
+            cluster.start(server)
+        yield cluster
+    finally:
+        cluster.stop_all()
 
 
 def seed_cluster(

@@ -1,0 +1,244 @@
+"""Time from a leader's death to the first acknowledged send on its failed-over shard, on
+the real node, with the operator deciding the failover (issue 13).
+
+A ShardqCluster of 3 server pods (the node's image) hosts a queue of 2 shards with 3
+replicas. A sender keeps one send to shard 0 in flight at a time (through the client
+Service, as a host client must: the server forwards to the leader). Each trial:
+
+  1. wait until the cluster is settled (every shard led, every replica in sync, all pods ready);
+  2. kill shard 0's leader: its pod deleted with no grace period (`pod`), or its server
+     process SIGKILLed inside the container (`process`: the kubelet restarts it in place);
+  3. the time is from the kill to the first send acknowledged after it that the new
+     leader answered (a send acknowledged by the dying leader before it died is not it:
+     only acknowledgements after at least one failed send count, and the Shard's epoch
+     must have moved).
+
+Results: p50 / max per kind, every trial, JSON in bench/results/failover-real-node.json
+and a plot beside it. Uses the node `e2e/cluster up` left running, else brings one up
+for the run and takes it down after.
+
+Usage: python bench/failover_time.py [--trials 10] [--kinds pod,process] [--out bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import pathlib
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any
+
+import grpc
+from kubernetes import client
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from e2e.crds import install_crds
+from e2e.operator_process import running_operator
+from e2e.polling import wait_for
+from e2e.realnode import Layout, NodeInfo, down, state_dir, status, up
+from e2e.test_operator_keeps_every_message_through_faults_and_scaling import server_pid
+from e2e.test_operator_runs_queues_on_a_shardq_cluster import apply, create_cluster, queue_ready, shard_leaders
+from shardq.api.v1 import queue_pb2, queue_pb2_grpc
+
+SEND_TIMEOUT_S = 2.0
+TRIAL_TIMEOUT_S = 60.0
+
+
+def say(text: str) -> None:
+    print(f"[failover-time {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+class Sender(threading.Thread):
+    """One send to shard 0 in flight at a time; records (monotonic time answered, ok)."""
+
+    def __init__(self, endpoint: str) -> None:
+        super().__init__(daemon=True)
+        self.endpoint = endpoint
+        self.answers: list[tuple[float, bool]] = []
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        with grpc.insecure_channel(self.endpoint) as channel:
+            stub = queue_pb2_grpc.QueueServiceStub(channel)
+            sent = 0
+            while not self.stopping.is_set():
+                request = queue_pb2.SendMessagesRequest(
+                    queue="timed", shard=0, messages=[queue_pb2.MessageToSend(body=f"m{sent}".encode())]
+                )
+                sent += 1
+                try:
+                    response = stub.SendMessages(request, timeout=SEND_TIMEOUT_S)
+                    ok = all(not result.HasField("error") for result in response.results)
+                except grpc.RpcError:
+                    ok = False
+                with self.lock:
+                    self.answers.append((time.monotonic(), ok))
+                if not ok:
+                    time.sleep(0.01)
+
+    def first_recovery_after(self, start: float) -> float | None:
+        """When the first send acknowledged after a failure following `start` was answered."""
+        with self.lock:
+            answers = [answer for answer in self.answers if answer[0] >= start]
+        failed = False
+        for answered, ok in answers:
+            if not ok:
+                failed = True
+            elif failed:
+                return answered
+        return None
+
+
+def kill(kind: str, api: client.ApiClient, namespace: str, victim: str) -> None:
+    if kind == "pod":
+        client.CoreV1Api(api).delete_namespaced_pod(victim, namespace, grace_period_seconds=0)
+    else:
+        os.kill(server_pid(namespace, victim), signal.SIGKILL)
+
+
+def settled(api: client.ApiClient, namespace: str) -> bool:
+    pods = client.CoreV1Api(api).list_namespaced_pod(namespace).items
+    ready = [
+        pod
+        for pod in pods
+        if pod.metadata.deletion_timestamp is None
+        and any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+    ]
+    return len(ready) == 3 and queue_ready(api, namespace, "timed") is not None
+
+
+def run_trials(info: NodeInfo, trials: int, kinds: list[str], work: pathlib.Path) -> dict[str, Any]:
+    namespace = f"bench-{uuid.uuid4().hex[:8]}"
+    results: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
+    with info.api_client() as api:
+        core = client.CoreV1Api(api)
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+        try:
+            install_crds(api)
+            with running_operator(info.kubeconfig, namespace, work / "operator.log"):
+                create_cluster(api, namespace, info.shardq_image, rebalance={"mode": "off"})
+                apply(api, namespace, "queues", "Queue", "timed", {"cluster": "main", "shards": 2, "replicas": 3})
+                wait_for(lambda: settled(api, namespace), timeout=300, interval=1.0, what="the cluster settled")
+                service_ip = core.read_namespaced_service("main-shardq", namespace).spec.cluster_ip
+                sender = Sender(f"{service_ip}:7600")
+                sender.start()
+                try:
+                    for trial in range(trials):
+                        for kind in kinds:
+                            wait_for(lambda: settled(api, namespace), timeout=300, interval=0.5, what="settled")
+                            time.sleep(2.0)  # a steady stream of acknowledged sends before the kill
+                            victim, epoch = shard_leaders(api, namespace, "timed")[0]
+                            killed = time.monotonic()
+                            kill(kind, api, namespace, victim)
+                            recovered = wait_for(
+                                lambda killed=killed: sender.first_recovery_after(killed),
+                                timeout=TRIAL_TIMEOUT_S,
+                                interval=0.05,
+                                what=f"a send acknowledged after killing {victim}",
+                            )
+                            leader, new_epoch = wait_for(
+                                lambda victim=victim, epoch=epoch: (
+                                    found
+                                    if (found := shard_leaders(api, namespace, "timed")[0])[1] > epoch
+                                    and found[0] != victim
+                                    else None
+                                ),
+                                timeout=TRIAL_TIMEOUT_S,
+                                what="the Shard's new leader",
+                            )
+                            seconds = recovered - killed
+                            results[kind].append(
+                                {
+                                    "trial": trial,
+                                    "victim": victim,
+                                    "leader": leader,
+                                    "epoch": new_epoch,
+                                    "seconds": seconds,
+                                }
+                            )
+                            say(f"{kind} trial {trial + 1}/{trials}: {victim} -> {leader} in {seconds:.2f} s")
+                finally:
+                    sender.stopping.set()
+                    sender.join(timeout=10)
+                client.CustomObjectsApi(api).delete_namespaced_custom_object(
+                    "shardq.io", "v1alpha1", namespace, "queues", "timed"
+                )
+                wait_for(lambda: queue_ready(api, namespace, "timed") is None, timeout=60, what="queue deleted")
+        finally:
+            with contextlib.suppress(Exception):
+                core.delete_namespace(namespace)
+    summary = {
+        kind: {
+            "trials": len(rows),
+            "p50_s": statistics.median(row["seconds"] for row in rows),
+            "max_s": max(row["seconds"] for row in rows),
+            "min_s": min(row["seconds"] for row in rows),
+        }
+        for kind, rows in results.items()
+        if rows
+    }
+    return {"summary": summary, "trials": results}
+
+
+def plot(result: dict[str, Any], path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 3.5))
+    for offset, (kind, rows) in enumerate(result["trials"].items()):
+        seconds = [row["seconds"] for row in rows]
+        axes.scatter([offset + 1] * len(seconds), seconds, alpha=0.7, label=kind)
+        axes.hlines(statistics.median(seconds), offset + 0.75, offset + 1.25, colors="black")
+    axes.set_xticks(range(1, len(result["trials"]) + 1), [f"leader {kind} killed" for kind in result["trials"]])
+    axes.set_ylabel("seconds to first acknowledged send")
+    axes.set_title("Failover on the real node (operator-driven), each dot a trial, bar = p50")
+    axes.set_ylim(bottom=0)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--kinds", default="pod,process", help="pod (deleted), process (SIGKILLed); comma-separated")
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
+    arguments = parser.parse_args()
+    kinds = [kind for kind in arguments.kinds.split(",") if kind]
+    if not set(kinds) <= {"pod", "process"}:
+        parser.error(f"--kinds: unknown {sorted(set(kinds) - {'pod', 'process'})}")
+    layout = Layout(state_dir())
+    healthy, _ = status(layout)
+    started_here = not healthy
+    if started_here:
+        say("bringing the real node up (e2e/cluster up)")
+    info = up(layout) if started_here else NodeInfo.load(layout.info)
+    try:
+        with tempfile.TemporaryDirectory(prefix="shardq-failover-") as work:
+            result = run_trials(info, arguments.trials, kinds, pathlib.Path(work))
+    finally:
+        if started_here:
+            down(layout)
+    result["measured_at"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    result["setup"] = "3 server pods, queue of 2 shards x 3 replicas, lease 3 s, one send in flight to shard 0"
+    arguments.out.mkdir(parents=True, exist_ok=True)
+    (arguments.out / "failover-real-node.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, arguments.out / "failover-real-node.png")
+    for kind, figures in result["summary"].items():
+        say(f"{kind}: p50 {figures['p50_s']:.2f} s, max {figures['max_s']:.2f} s over {figures['trials']} trials")
+
+
+if __name__ == "__main__":
+    main()
