@@ -23,13 +23,14 @@ from shardq.coordination.cluster_map import ClusterMap, cluster_map_from_text, l
 from shardq.coordination.fencing import build_isr_change, build_takeover, is_expired, isr_of
 from shardq.coordination.leases import LeaseConflict, LeaseRecord
 from shardq.coordination.placement import ShardId
-from shardq.coordination.replica_moves import DEFAULT_MAX_IN_FLIGHT, MovePlan, plan_replica_moves
+from shardq.coordination.replica_moves import DEFAULT_MAX_IN_FLIGHT, MovePlan, ReplicaMove, plan_replica_moves
 from shardq.coordination.takeovers import (
     ServerObservation,
     Takeover,
     TakeoverReason,
     choose_failovers,
     choose_rebalancing,
+    choose_replica_rebalancing,
     isr_after_takeover,
     lease_for_new_shard,
 )
@@ -110,6 +111,8 @@ class Reconciler:
         self._rebalanced_at: dict[tuple[str, str], float] = {}
         self._moves: dict[tuple[str, str], list[float]] = {}
         self._proposed: dict[tuple[str, str], list[str]] = {}
+        # Replica moves rebalancing asked for, carried out by the next reconcile's plan.
+        self._requested: dict[tuple[str, str], list[ReplicaMove]] = {}
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_lock = threading.Lock()
         # What was last applied per object, and when (see _apply).
@@ -180,6 +183,7 @@ class Reconciler:
             ready=ready,
             leases=held,
             max_in_flight=int(spec.get("rebalance", {}).get("maxReplicaMovesInFlight", DEFAULT_MAX_IN_FLIGHT)),
+            requested=self._requested.pop((namespace, name), []),
         )
         count = servers_needed(name, spec_servers, moves.cluster_map.placement)
         cluster_map = with_servers(moves.cluster_map, name=name, namespace=namespace, count=count)
@@ -246,7 +250,7 @@ class Reconciler:
             log.info("cluster %s/%s: %s", namespace, name, message)
             self._event_on_queue(live, decision.lease, reason="Failover", message=message)
         if not tick.takeovers:
-            self._rebalance(owner, live, cluster_map, servers, held, pods, tick)
+            self._rebalance(owner, live, cluster_map, servers, held, pods, tick, replicas_settled=moves.settled)
         self._write_statuses(owner, live, cluster_map, desired, moves, spec_servers, servers, held, now, pods)
         return tick
 
@@ -301,9 +305,12 @@ class Reconciler:
         held: dict[str, LeaseRecord],
         pods: list[Manifest],
         tick: Tick,
+        *,
+        replicas_settled: bool,
     ) -> None:
-        """Move leadership of hot shards off a hot server (spec.rebalance), throttled; in
-        `propose` mode only say so in the cluster's status."""
+        """Move leadership of hot shards off a hot server (spec.rebalance), throttled, or,
+        when that cannot help, a replica of one to a cooler server (one at a time, while no
+        other replica moves); in `propose` mode only say so in the cluster's status."""
         namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
         key = (namespace, name)
         settings = owner.get("spec", {}).get("rebalance", {})
@@ -333,9 +340,32 @@ class Reconciler:
             f"({loads.get(ShardId(*_split(move.lease.name)), 0.0):.0f} requests/s)"
             for move in moves
         ]
+        replica_move = None
+        if not moves and replicas_settled:
+            # Leadership alone cannot cool the hottest server: a replica of one of its hot
+            # shards goes to a cooler server first (then leadership follows it).
+            replica_move = choose_replica_rebalancing(
+                cluster=cluster_map,
+                leases=held,
+                servers=servers,
+                shard_loads=loads,
+                now_ms=now,
+                imbalance_threshold=max(float(settings.get("imbalanceThreshold", 1.5)) - 1.0, 0.0),
+            )
+        if replica_move is not None:
+            described.append(
+                f"{lease_name(replica_move.shard)}: a replica to {replica_move.to_server}, off hot "
+                f"{replica_move.from_server} ({loads.get(replica_move.shard, 0.0):.0f} requests/s)"
+            )
         self._proposed[key] = described if mode == "propose" else []
         if mode != "auto":
             return
+        if replica_move is not None:
+            self._requested[key] = [
+                ReplicaMove(shard=replica_move.shard, source=replica_move.from_server, target=replica_move.to_server)
+            ]
+            self._moves[key].append(time.monotonic())
+            log.info("cluster %s/%s: rebalance %s", namespace, name, described[-1])
         for move, text in zip(moves, described, strict=True):
             taken = build_takeover(
                 move.lease, new_holder=move.new_holder, now_ms=now, duration_ms=cluster_map.lease_duration_ms

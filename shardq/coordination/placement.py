@@ -192,6 +192,41 @@ def _choose_one_move(
     return LeadershipMove(shard=shard_id, from_server=hottest, to_server=target)
 
 
+def choose_replica_move_for_load(cluster: ClusterState, *, imbalance_threshold: float) -> LeadershipMove | None:
+    """When moving leadership cannot cool the hottest server (each of its hot shards has
+    no in-sync follower on a cooler server, or no follower at all), a replica of one of
+    its shards to add on a cooler live server that holds none, which then takes the
+    shard's leadership. Same rule as `choose_leadership_moves`: only while the hottest
+    server is above (1 + imbalance_threshold) times the mean, and only a move that makes
+    the higher of the two servers' loads strictly lower than the hottest's now. None when
+    balanced, when a leadership move would do, or when no replica move helps."""
+    if choose_leadership_moves(cluster, max_moves=1, imbalance_threshold=imbalance_threshold):
+        return None
+    loads = compute_leader_loads(cluster)
+    if not loads:
+        return None
+    hottest = min(loads, key=lambda name: (-loads[name], name))
+    if loads[hottest] <= sum(loads.values()) / len(loads) * (1 + imbalance_threshold):
+        return None
+    best: tuple[float, ShardId, str] | None = None
+    for shard in cluster.shards:
+        if shard.leader != hottest or shard.load <= 0:
+            continue
+        for target in loads:
+            if target in shard.replicas:
+                continue
+            peak_after = max(loads[hottest] - shard.load, loads[target] + shard.load)
+            if peak_after >= loads[hottest]:
+                continue
+            candidate = (peak_after, shard.shard, target)
+            if best is None or candidate < best:
+                best = candidate
+    if best is None:
+        return None
+    _, shard_id, target = best
+    return LeadershipMove(shard=shard_id, from_server=hottest, to_server=target)
+
+
 def _load_of(cluster: ClusterState, shard_id: ShardId) -> float:
     return next(shard.load for shard in cluster.shards if shard.shard == shard_id)
 
@@ -210,5 +245,6 @@ __all__ = [
     "choose_failover_candidate",
     "choose_initial_placement",
     "choose_leadership_moves",
+    "choose_replica_move_for_load",
     "compute_leader_loads",
 ]

@@ -84,13 +84,15 @@ def plan_replica_moves(
     ready: Collection[str],
     leases: Mapping[str, LeaseRecord],
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    requested: Sequence[ReplicaMove] = (),
 ) -> MovePlan:
     """The next step towards every replica living on `servers`, spread evenly.
 
     `servers` are the servers that will remain (the StatefulSet's pods after scaling);
     `cluster.servers` may hold more (pods still to drain). Replicas only move to ready
     servers, and a shard whose lease is missing or whose leader is not ready waits
-    (failover comes first).
+    (failover comes first). `requested` moves (a hot shard's replica onto a cooler
+    server, `takeovers.choose_replica_rebalancing`) start first when they still can.
     """
     factors = replication_factors(cluster)
     staying = set(servers)
@@ -129,9 +131,21 @@ def plan_replica_moves(
         counts[leaving] -= 1
         finished.append(ReplicaMove(shard=shard, source=leaving, target=newcomer))
 
-    # 2. New moves, while fewer than max_in_flight shards are moving: first off the
-    #    servers that go, then from the fullest to the emptiest server.
+    # 2. New moves, while fewer than max_in_flight shards are moving: the requested ones,
+    #    then off the servers that go, then from the fullest to the emptiest server.
     targets = sorted(server for server in servers if server in ready)
+    for move in requested:
+        shards = placement.get(move.shard.queue, [])
+        if moving >= max_in_flight or move.shard.index >= len(shards) or move.target not in targets:
+            continue
+        replicas = shards[move.shard.index]
+        if len(replicas) > factors.get(move.shard.queue, len(replicas)) or move.target in replicas:
+            continue  # moving already, or there already
+        replicas.append(move.target)
+        counts[move.target] += 1
+        moving += 1
+        started.append(move)
+        waiting[lease_name(move.shard)] = f"copying to {move.target} (load)"
     for shard, source in _wanted_moves(cluster, placement, staying, factors, counts, targets, leases, ready):
         if moving >= max_in_flight:
             break

@@ -17,11 +17,13 @@ from shardq.coordination.fencing import build_incarnations, build_isr_change, bu
 from shardq.coordination.leases import LeaseRecord
 from shardq.coordination.placement import (
     ClusterState,
+    LeadershipMove,
     ServerState,
     ShardId,
     ShardState,
     choose_failover_candidate,
     choose_leadership_moves,
+    choose_replica_move_for_load,
     compute_leader_loads,
 )
 
@@ -218,14 +220,52 @@ def choose_rebalancing(
     while a failover is pending, loads are in flux and moving more leaders would only add
     hand-overs to it.
     """
-    if not servers or not all(server.ready for server in servers.values()):
+    settled = _settled_state(cluster, leases, servers, shard_loads, now_ms)
+    if settled is None:
         return []
+    state, by_shard = settled
+    moves = choose_leadership_moves(state, max_moves=max_moves, imbalance_threshold=imbalance_threshold)
+    return [
+        Takeover(lease=by_shard[move.shard], new_holder=move.to_server, reason=TakeoverReason.REBALANCE)
+        for move in moves
+    ]
+
+
+def choose_replica_rebalancing(
+    *,
+    cluster: ClusterMap,
+    leases: Mapping[str, LeaseRecord],
+    servers: Mapping[str, ServerObservation],
+    shard_loads: Mapping[ShardId, float],
+    now_ms: int,
+    imbalance_threshold: float = IMBALANCE_THRESHOLD,
+) -> LeadershipMove | None:
+    """A replica of a hot shard to add on a cooler server when moving leadership alone
+    cannot cool the hottest one (`placement.choose_replica_move_for_load`), only while
+    the cluster is settled (see `choose_rebalancing`). `replica_moves` carries it out."""
+    settled = _settled_state(cluster, leases, servers, shard_loads, now_ms)
+    if settled is None:
+        return None
+    return choose_replica_move_for_load(settled[0], imbalance_threshold=imbalance_threshold)
+
+
+def _settled_state(
+    cluster: ClusterMap,
+    leases: Mapping[str, LeaseRecord],
+    servers: Mapping[str, ServerObservation],
+    shard_loads: Mapping[ShardId, float],
+    now_ms: int,
+) -> tuple[ClusterState, dict[ShardId, LeaseRecord]] | None:
+    """The cluster as the rebalancing rules see it, or None while it is not settled or
+    too idle for moves to be worth their hand-overs."""
+    if not servers or not all(server.ready for server in servers.values()):
+        return None
     shard_states: list[ShardState] = []
     by_shard: dict[ShardId, LeaseRecord] = {}
     for shard in cluster.shards():
         lease = leases.get(lease_name(shard))
         if lease is None or is_expired(lease, now_ms) or holder_incarnation_is_gone(lease, servers):
-            return []
+            return None
         by_shard[shard] = lease
         shard_states.append(
             ShardState(
@@ -241,12 +281,8 @@ def choose_rebalancing(
         shards=tuple(shard_states),
     )
     if max(compute_leader_loads(state).values(), default=0.0) < MIN_LOAD_TO_REBALANCE:
-        return []
-    moves = choose_leadership_moves(state, max_moves=max_moves, imbalance_threshold=imbalance_threshold)
-    return [
-        Takeover(lease=by_shard[move.shard], new_holder=move.to_server, reason=TakeoverReason.REBALANCE)
-        for move in moves
-    ]
+        return None
+    return state, by_shard
 
 
 def isr_after_takeover(takeover: Takeover) -> frozenset[str]:

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from shardq.coordination.cluster_map import ClusterMap, QueueEntry, ServerEntry, lease_name, place_queues
 from shardq.coordination.fencing import build_isr_change, build_takeover, isr_of
 from shardq.coordination.leases import LeaseRecord
-from shardq.coordination.replica_moves import plan_replica_moves, replica_counts
+from shardq.coordination.placement import ClusterState, ServerState, ShardId, ShardState, choose_replica_move_for_load
+from shardq.coordination.replica_moves import ReplicaMove, plan_replica_moves, replica_counts
 from shardq.coordination.takeovers import TakeoverReason, build_initial_lease
 
 
@@ -180,3 +181,76 @@ def test_any_scaling_settles_with_every_shard_replicated_and_spread(
     cluster = with_servers(cluster_on(before, queues), after)
     cluster, _, _ = drive(cluster, first_leases(cluster), servers(after))
     assert_spread(cluster, servers(after))
+
+
+def hot_state(placement: dict[str, list[str]], leaders: dict[str, str], loads: dict[str, float]) -> ClusterState:
+    """Shards named `q.N`, each with its replicas (all in sync), leader and load."""
+    servers = sorted({server for replicas in placement.values() for server in replicas} | {"s0", "s1", "s2"})
+    return ClusterState(
+        servers=tuple(ServerState(server) for server in servers),
+        shards=tuple(
+            ShardState(
+                shard=ShardId("q", int(name.split(".")[1])),
+                replicas=tuple(replicas),
+                leader=leaders[name],
+                isr=frozenset(replicas),
+                load=loads.get(name, 0.0),
+            )
+            for name, replicas in placement.items()
+        ),
+    )
+
+
+def test_two_hot_shards_on_one_server_without_followers_get_a_replica_on_an_idle_one() -> None:
+    # Replication factor 1: leadership cannot move at all; s0 leads both hot shards.
+    state = hot_state(
+        {"q.0": ["s0"], "q.1": ["s1"], "q.2": ["s2"], "q.3": ["s0"]},
+        {"q.0": "s0", "q.1": "s1", "q.2": "s2", "q.3": "s0"},
+        {"q.0": 100.0, "q.3": 90.0},
+    )
+    move = choose_replica_move_for_load(state, imbalance_threshold=0.25)
+    assert move is not None
+    assert move.from_server == "s0"
+    assert move.to_server in {"s1", "s2"}
+    # Either shard leaves s0 with the other one: a peak of 100 instead of 190.
+    assert move.shard in {ShardId("q", 0), ShardId("q", 3)}
+
+
+def test_a_replica_move_is_not_proposed_when_moving_leadership_does_it_or_nothing_helps() -> None:
+    followers_elsewhere = hot_state(
+        {"q.0": ["s0", "s1"], "q.1": ["s0", "s2"]},
+        {"q.0": "s0", "q.1": "s0"},
+        {"q.0": 100.0, "q.1": 90.0},
+    )
+    assert choose_replica_move_for_load(followers_elsewhere, imbalance_threshold=0.25) is None
+    one_hot_shard = hot_state({"q.0": ["s0"]}, {"q.0": "s0"}, {"q.0": 100.0})
+    assert choose_replica_move_for_load(one_hot_shard, imbalance_threshold=0.25) is None
+    balanced = hot_state(
+        {"q.0": ["s0"], "q.1": ["s1"], "q.2": ["s2"]},
+        {"q.0": "s0", "q.1": "s1", "q.2": "s2"},
+        {"q.0": 50.0, "q.1": 50.0, "q.2": 50.0},
+    )
+    assert choose_replica_move_for_load(balanced, imbalance_threshold=0.25) is None
+
+
+def test_a_requested_move_runs_to_the_end_and_leadership_follows_the_replica() -> None:
+    queue = QueueEntry("q", {"shards": 4, "replicas": 1})
+    cluster = ClusterMap(
+        servers={server: ServerEntry(server, f"{server}:7000") for server in servers(3)},
+        queues=[queue],
+        placement={"q": [["s0"], ["s1"], ["s2"], ["s0"]]},
+    )
+    leases = first_leases(cluster)
+    requested = [ReplicaMove(shard=ShardId("q", 3), source="s0", target="s1")]
+    plan = plan_replica_moves(cluster=cluster, servers=servers(3), ready=servers(3), leases=leases, requested=requested)
+    assert plan.started == requested
+    assert plan.cluster_map.placement["q"][3] == ["s0", "s1"]
+    # Asked again while it runs: nothing more starts.
+    again = plan_replica_moves(
+        cluster=plan.cluster_map, servers=servers(3), ready=servers(3), leases=leases, requested=requested
+    )
+    assert again.started == []
+    cluster, leases, _ = drive(plan.cluster_map, leases, servers(3))
+    assert cluster.placement["q"][3] == ["s1"]
+    assert leases["q.3"].holder == "s1"
+    assert replica_counts(cluster, servers(3)) == {"s0": 1, "s1": 2, "s2": 1}
