@@ -315,3 +315,71 @@ def test_a_standby_operator_takes_over_when_the_active_one_is_killed(
             GROUP, VERSION, namespace, "shardqclusters", "main"
         )
         wait_for(lambda: get(api, namespace, "shardqclusters", "main") is None, timeout=120, what="the cluster deleted")
+
+
+def test_a_replica_moves_when_leadership_alone_cannot_cool_a_hot_pod(
+    real_node: RunningNode, node_namespace: str, tmp_path: Path
+) -> None:
+    """Two hot shards on one pod with no followers (replicas 1): no leadership move can help,
+    so one shard's replica is copied to a cooler pod, leadership handed to it, and the old
+    copy dropped; every acknowledged message is still there."""
+    info = real_node.info
+    namespace = node_namespace
+    operator = running_operator(info.kubeconfig, namespace, tmp_path / "operator.log")
+    with info.api_client() as api, operator:
+        install_crds(api)
+        create_cluster(
+            api,
+            namespace,
+            info.shardq_image,
+            rebalance={"mode": "auto", "maxMovesPerMinute": 6, "imbalanceThreshold": 1.25},
+        )
+        apply(api, namespace, "queues", "Queue", "spread", {"cluster": "main", "shards": 4, "replicas": 1})
+        wait_for(lambda: queue_ready(api, namespace, "spread"), timeout=READY_S, what="queue spread Ready")
+        leaders = shard_leaders(api, namespace, "spread")
+        led: dict[str, list[int]] = {}
+        for index, (leader, _) in sorted(leaders.items()):
+            led.setdefault(leader, []).append(index)
+        busiest = max(sorted(led), key=lambda server: len(led[server]))
+        hot = led[busiest][:2]
+        assert len(hot) == 2, f"4 shards on 3 pods: one pod leads two ({leaders})"
+        service_ip = client.CoreV1Api(api).read_namespaced_service("main-shardq", namespace).spec.cluster_ip
+
+        # About 40 sends a second to the two shards `busiest` leads, until one of them has
+        # moved (bounded: at most 120 s).
+        acknowledged: set[bytes] = set()
+        moved: dict[int, str] = {}
+        deadline = time.monotonic() + 120
+        next_look = time.monotonic() + 1
+        with grpc.insecure_channel(f"{service_ip}:7600") as channel:
+            stub = queue_pb2_grpc.QueueServiceStub(channel)
+            while time.monotonic() < deadline and not moved:
+                for index in hot:
+                    body = f"{index}-{len(acknowledged)}-{time.monotonic_ns()}".encode()
+                    request = queue_pb2.SendMessagesRequest(
+                        queue="spread", shard=index, messages=[queue_pb2.MessageToSend(body=body)]
+                    )
+                    with contextlib.suppress(grpc.RpcError):  # a moving leader refuses briefly
+                        response = stub.SendMessages(request, timeout=5)
+                        if not response.results[0].HasField("error"):
+                            acknowledged.add(body)
+                time.sleep(0.05)
+                if time.monotonic() >= next_look:
+                    next_look = time.monotonic() + 1
+                    shards = client.CustomObjectsApi(api).list_namespaced_custom_object(
+                        GROUP, VERSION, namespace, "shards", label_selector="shardq.io/queue=spread"
+                    )["items"]
+                    for shard in shards:
+                        index, replicas = shard["spec"]["index"], shard["spec"]["replicas"]
+                        leader = shard.get("status", {}).get("leader", "")
+                        if index in hot and replicas == [leader] and leader != busiest:
+                            moved[index] = leader
+        assert moved, f"no hot shard's replica moved off {busiest} after {len(acknowledged)} sends"
+        events = client.CoreV1Api(api).list_namespaced_event(namespace).items
+        finished = [event for event in events if event.reason == "ReplicaMoveFinished"]
+        assert any(f"spread.{index}" in event.message for event in finished for index in moved)
+        # Nothing acknowledged was lost on the way.
+        received = drain(f"{service_ip}:7600", "spread", len(acknowledged), timeout=120)
+        assert acknowledged <= received, f"{len(acknowledged - received)} acknowledged messages missing"
+        client.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, namespace, "queues", "spread")
+        wait_for(lambda: get(api, namespace, "queues", "spread") is None, timeout=60, what="queue spread deleted")

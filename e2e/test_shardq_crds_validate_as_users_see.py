@@ -36,7 +36,12 @@ def test_a_minimal_cluster_and_queue_get_their_defaults(
     cluster = create(api_client, namespace, "shardqclusters", "ShardqCluster", "default", {})
     assert cluster["spec"]["servers"] == 3
     assert cluster["spec"]["storage"] == {"size": "1Gi", "retainOnDelete": True}
-    assert cluster["spec"]["rebalance"] == {"mode": "auto", "maxMovesPerMinute": 6, "imbalanceThreshold": 1.5}
+    assert cluster["spec"]["rebalance"] == {
+        "mode": "auto",
+        "maxMovesPerMinute": 6,
+        "imbalanceThreshold": 1.5,
+        "maxReplicaMovesInFlight": 4,
+    }
     assert cluster["spec"]["leaseDuration"] == "10s"
     queue = create(api_client, namespace, "queues", "Queue", "orders", {"visibilityTimeout": "45s"})
     assert queue["spec"] == {

@@ -513,7 +513,7 @@ class Reconciler:
             problem = desired.problems.get(queue_name, "")
             shards: list[dict[str, Any]] = []
             for index, replicas in enumerate(cluster_map.placement.get(queue_name, [])):
-                lease = held.get(f"{queue_name}.{index}")
+                lease = held.get(lease_name(ShardId(queue_name, index)))
                 shards.append(
                     {
                         "index": index,
@@ -523,7 +523,7 @@ class Reconciler:
                     }
                 )
             placed = queue_name in cluster_map.placement
-            led = placed and all(serving.get(f"{queue_name}.{index}", False) for index in range(len(shards)))
+            led = placed and all(serving.get(lease_name(ShardId(queue_name, i)), False) for i in range(len(shards)))
             previous = queue.get("status", {}).get("conditions", [])
             if problem and not placed:
                 ready_condition = condition(previous, "Ready", False, "Invalid", problem)
@@ -534,10 +534,10 @@ class Reconciler:
             else:
                 ready_condition = condition(previous, "Ready", True, "AllShardsLed", f"{len(shards)} shards led")
             short = sorted(
-                f"{queue_name}.{entry['index']}"
+                lease_name(ShardId(queue_name, entry["index"]))
                 for entry in shards
-                if len(isr_of(held[f"{queue_name}.{entry['index']}"])) < len(entry["replicas"])
-                if f"{queue_name}.{entry['index']}" in held
+                if lease_name(ShardId(queue_name, entry["index"])) in held
+                if len(isr_of(held[lease_name(ShardId(queue_name, entry["index"]))])) < len(entry["replicas"])
             )
             queue_conditions = [
                 ready_condition,
@@ -571,7 +571,8 @@ class Reconciler:
                 },
             )
             for entry in shards:
-                lease = held.get(f"{queue_name}.{entry['index']}")
+                shard_lease = lease_name(ShardId(queue_name, entry["index"]))
+                lease = held.get(shard_lease)
                 shard_object = builders.shard(queue, index=entry["index"], replicas=entry["replicas"])
                 shard_object["metadata"]["namespace"] = namespace
                 isr = sorted(isr_of(lease)) if lease is not None else []
@@ -583,8 +584,6 @@ class Reconciler:
                         "epoch": entry["epoch"],
                         "isr": isr,
                         "isrText": ",".join(isr),
-                        "conditions": [
-                            condition([], "Ready", serving.get(f"{queue_name}.{entry['index']}", False), "Led", "")
-                        ],
+                        "conditions": [condition([], "Ready", serving.get(shard_lease, False), "Led", "")],
                     },
                 )
