@@ -9,28 +9,30 @@ the commit, except receives, which may answer as soon as their claims are
 decided (DESIGN §5: a lost claim only means a redelivery, and the receipt of a
 lost claim is rejected because the next claim carries a newer epoch or token).
 
-When nothing else waits for the shard's writer thread, a batch runs on the
-event loop itself instead, at the end of the loop turn in which its first
-request arrived (so the requests of that turn share it). A lone request then
-pays no thread hand-off either way: handing work to the writer and its answer
-back cost two thread wake-ups, a GIL hand-over and two event-loop turns, about
-as much as the commit itself on a quiet server (README, Latency). When other
-batches wait (under load, or several shards written in one turn) batches go to
-the writer, so the event loop keeps serving while fsyncs run; batches that
-answer before their commit (receives) always do. The commit, fsync included,
-is the same transaction either way.
+When nothing else waits for the shard's writer thread and the batch holds every
+call the server is working on, the batch runs on the event loop itself instead,
+at the end of the loop turn in which its first request arrived (so the requests
+of that turn share it). A lone request then pays no thread hand-off either way:
+handing work to the writer and its answer back cost two thread wake-ups, a GIL
+hand-over and two event-loop turns, about as much as the commit itself on a
+quiet server (README, Latency). When other batches or calls wait (under load,
+or several shards written in one turn) batches go to the writer, so the event
+loop keeps serving while fsyncs run; batches that answer before their commit
+(receives) always do. The commit, fsync included, is the same transaction
+either way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import itertools
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from shard_server.domain.context import ShardContext
@@ -74,13 +76,39 @@ class CommitReport:
     epoch: int
 
 
+class CallsInProgress:
+    """How many data-plane calls the server is working on (event loop only); a call
+    waiting in a long poll is not working. `with calls:` counts one for the block."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __enter__(self) -> None:
+        self.count += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.count -= 1
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Not counted for the block (a long poll waiting for messages)."""
+        self.count -= 1
+        try:
+            yield
+        finally:
+            self.count += 1
+
+
 class WriterThread:
     """One thread running write transactions, and how much work it has (event loop only)."""
 
-    def __init__(self, name: str, *, commit_on_loop_when_idle: bool) -> None:
+    def __init__(self, name: str, *, commit_on_loop_when_idle: bool, calls: CallsInProgress) -> None:
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         # Whether a batch may run on the event loop while this thread is idle (see the module docstring).
         self.commit_on_loop_when_idle = commit_on_loop_when_idle
+        # The server's calls in progress: a batch holding fewer requests than there are
+        # calls leaves the event loop other work to do while its fsync runs.
+        self.calls = calls
         # Batches and exclusive work handed to the thread and not yet finished, and
         # batches about to run on the event loop: the thread counts as busy while
         # either may be running, so two shards never commit on the loop in a row
@@ -107,8 +135,10 @@ class WriterThreads:
             raise ValueError(f"writer threads must be at least 1, got {count}")
         if count > 1:
             let_lmdb_calls_release_the_gil()
+        self.calls = CallsInProgress()
         self._threads = [
-            WriterThread(f"writer-{i}", commit_on_loop_when_idle=commit_on_loop_when_idle) for i in range(count)
+            WriterThread(f"writer-{i}", commit_on_loop_when_idle=commit_on_loop_when_idle, calls=self.calls)
+            for i in range(count)
         ]
         self._next = itertools.count()
 
@@ -203,13 +233,16 @@ class GroupCommitter:
 
     def _run_batch_on_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._pending_lock:
+            requests = len(self._pending)
             answers_early = any(request.answer_before_commit for request in self._pending)
         due, self._loop_batch = self._loop_batch, None
-        if answers_early or self._thread.outstanding > 1:
+        thread = self._thread
+        if answers_early or thread.outstanding > 1 or thread.calls.count > requests:
             # A receive answers as soon as its claims are decided, while the commit runs:
             # on the event loop its answer could only go out after the fsync. And when
-            # other shards' batches went to the writer in this loop turn, the loop stays
-            # free to answer them while this one waits its turn there.
+            # other calls are in progress (other shards' batches went to the writer, or
+            # calls are being received or answered), the loop has their work to do while
+            # this batch's fsync runs on the writer.
             self._submit_batch(loop)
         else:
             finished: concurrent.futures.Future[_Batch] = concurrent.futures.Future()

@@ -402,6 +402,10 @@ class HostedQueue:
         Shards led elsewhere get their part forwarded to the leader, unless this
         call was itself forwarded: then they are refused with NOT_LEADER.
         """
+        with self.writers.calls:
+            return await self._send(messages, shard=shard, forwarded=forwarded)
+
+    async def _send(self, messages: Sequence[NewMessage], *, shard: int | None, forwarded: bool) -> list[SendOutcome]:
         max_depth = self.config.max_depth
         if max_depth and len(messages) > max_depth:
             # No retry can succeed: say so, rather than "queue full, retry later".
@@ -514,6 +518,18 @@ class HostedQueue:
         Local leader shards are tried first; a server with nothing to hand out
         asks the other leaders (without waiting) before it waits itself.
         """
+        with self.writers.calls:
+            return await self._receive(
+                max_messages=max_messages,
+                visibility_timeout_ms=visibility_timeout_ms,
+                wait_ms=wait_ms,
+                shard=shard,
+                forwarded=forwarded,
+            )
+
+    async def _receive(
+        self, *, max_messages: int, visibility_timeout_ms: int, wait_ms: int, shard: int | None, forwarded: bool
+    ) -> Received:
         if shard is not None and self.leader_here(shard) is None:
             if forwarded or self.router is None:
                 raise self.not_leader(shard)
@@ -542,7 +558,8 @@ class HostedQueue:
                 visible_at = local_shard.next_visible_at()
                 if visible_at is not None:
                     wake_at = min(wake_at, max(visible_at, now + 1))
-            await self._wait_for_change((wake_at - now) / 1000)
+            with self.writers.calls.paused():  # waiting for messages is no work in progress
+                await self._wait_for_change((wake_at - now) / 1000)
 
     async def peek(self, *, max_messages: int, shard: int | None, forwarded: bool) -> Peeked:
         """The messages a receive would hand out now, without claiming them: up to
@@ -694,6 +711,18 @@ class HostedQueue:
     ) -> list[Reason | None]:
         """Apply `act(tx, context, receipt, position, now)` to every receipt, per shard;
         `forward(leader, positions)` sends the positions of a remote shard to its leader."""
+        with self.writers.calls:
+            return await self._act_on_receipts_counted(receipts, act, succeeded_counter, forward, forwarded=forwarded)
+
+    async def _act_on_receipts_counted(
+        self,
+        receipts: Sequence[str],
+        act: Callable[[LmdbShardTransaction, ShardContext, Receipt, int, int], Reason | None],
+        succeeded_counter: Callable[[HostedShard], Counter] | None,
+        forward: Callable[[str, list[int]], Awaitable[list[Reason | None]]],
+        *,
+        forwarded: bool,
+    ) -> list[Reason | None]:
         results, by_shard = self._decode(receipts)
 
         def record(items: list[tuple[int, Receipt]], outcomes: Sequence[Reason | None]) -> None:

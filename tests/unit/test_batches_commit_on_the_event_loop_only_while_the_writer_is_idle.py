@@ -202,3 +202,27 @@ def test_shards_written_in_one_loop_turn_all_commit_on_the_writer_thread(
         writers.shutdown()
 
     asyncio.run(scenario())
+
+
+def test_a_batch_goes_to_the_writer_while_other_calls_are_in_progress(environments: list[ShardEnvironment]) -> None:
+    """Calls being received or answered are work for the loop: the fsync then runs elsewhere."""
+
+    async def scenario() -> None:
+        writers = WriterThreads(1)
+        reports: list[CommitReport] = []
+        first, _ = committers(environments, writers, reports)
+        with writers.calls:  # this call alone: its batch runs on the loop
+            alone = await first.submit(write_marker(environments[0], b"one"))
+        with writers.calls, writers.calls:  # another call in progress besides this one
+            accompanied = await first.submit(write_marker(environments[0], b"two"))
+            with writers.calls.paused():  # ... unless the other only waits in a long poll
+                beside_a_long_poll = await first.submit(write_marker(environments[0], b"three"))
+        assert alone == threading.get_ident()
+        assert accompanied != threading.get_ident()
+        assert beside_a_long_poll == threading.get_ident()
+        assert writers.calls.count == 0
+        assert stored(environments[0]) == b"three"
+        await first.close()
+        writers.shutdown()
+
+    asyncio.run(scenario())
