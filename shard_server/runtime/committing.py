@@ -213,12 +213,15 @@ class GroupCommitter:
         now shares its transaction and fsync instead of paying for another."""
         return self._collecting
 
-    def _start_batch(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _start_batch(self, loop: asyncio.AbstractEventLoop, *, after_a_batch: bool = False) -> None:
         self._busy = True
         self._collecting = True
         self._idle.clear()
         thread = self._thread
-        on_loop = thread.commit_on_loop_when_idle and thread.idle
+        # Requests that queued while a batch committed mean load: on the event loop their
+        # batch's fsync would hold up the calls arriving meanwhile, which gRPC has received
+        # but this server has not seen (so they are not counted in progress either).
+        on_loop = not after_a_batch and thread.commit_on_loop_when_idle and thread.idle
         thread.outstanding += 1
         if on_loop:
             # At the end of this loop turn: requests arriving in the same turn join.
@@ -310,7 +313,7 @@ class GroupCommitter:
         with self._pending_lock:
             more = bool(self._pending)
         if more:
-            self._start_batch(loop)
+            self._start_batch(loop, after_a_batch=True)
         else:
             self._idle.set()
 

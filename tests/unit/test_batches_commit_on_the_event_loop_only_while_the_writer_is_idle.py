@@ -226,3 +226,33 @@ def test_a_batch_goes_to_the_writer_while_other_calls_are_in_progress(environmen
         writers.shutdown()
 
     asyncio.run(scenario())
+
+
+def test_requests_queued_during_a_commit_form_a_batch_on_the_writer_thread(
+    environments: list[ShardEnvironment],
+) -> None:
+    """Requests arriving while a batch commits mean load: their batch does not block the loop."""
+
+    async def scenario() -> None:
+        writers = WriterThreads(1)
+        reports: list[CommitReport] = []
+        first, _ = committers(environments, writers, reports)
+        started, release = threading.Event(), threading.Event()
+
+        def slow_claim(tx: LmdbShardTransaction, context: ShardContext, now: int) -> int:
+            started.set()
+            release.wait(timeout=10)
+            return threading.get_ident()
+
+        # Answering before commit puts the first batch on the writer thread.
+        running = first.enqueue(slow_claim, answer_before_commit=True)
+        assert await asyncio.to_thread(started.wait, 10)
+        queued_meanwhile = first.enqueue(write_marker(environments[0], b"two"))
+        release.set()
+        assert await running != threading.get_ident()
+        assert await queued_meanwhile != threading.get_ident()
+        assert [report.requests for report in reports] == [1, 1]
+        await first.close()
+        writers.shutdown()
+
+    asyncio.run(scenario())
