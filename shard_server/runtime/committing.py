@@ -240,19 +240,21 @@ class GroupCommitter:
             answers_early = any(request.answer_before_commit for request in self._pending)
         due, self._loop_batch = self._loop_batch, None
         thread = self._thread
-        if answers_early or thread.outstanding > 1 or thread.calls.count > requests:
-            # A receive answers as soon as its claims are decided, while the commit runs:
-            # on the event loop its answer could only go out after the fsync. And when
-            # other calls are in progress (other shards' batches went to the writer, or
-            # calls are being received or answered), the loop has their work to do while
-            # this batch's fsync runs on the writer.
-            self._submit_batch(loop)
-        else:
-            finished: concurrent.futures.Future[_Batch] = concurrent.futures.Future()
-            finished.set_result(self._run_batch(loop))
-            self._finish_batch(loop, finished)
-        if due is not None:
-            due.set_result(None)  # exclusive work may be queued now: it runs after this batch
+        try:
+            if answers_early or thread.outstanding > 1 or thread.calls.count > requests:
+                # A receive answers as soon as its claims are decided, while the commit runs:
+                # on the event loop its answer could only go out after the fsync. And when
+                # other calls are in progress (other shards' batches went to the writer, or
+                # calls are being received or answered), the loop has their work to do while
+                # this batch's fsync runs on the writer.
+                self._submit_batch(loop)
+            else:
+                finished: concurrent.futures.Future[_Batch] = concurrent.futures.Future()
+                finished.set_result(self._run_batch(loop))
+                self._finish_batch(loop, finished)
+        finally:
+            if due is not None:
+                due.set_result(None)  # exclusive work may be queued now: it runs after this batch
 
     def _run_batch(self, loop: asyncio.AbstractEventLoop) -> _Batch:
         # The batch is formed when the writer thread gets to it, not when it was
