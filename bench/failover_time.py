@@ -44,8 +44,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from e2e.crds import install_crds
 from e2e.operator_process import running_operator
 from e2e.polling import wait_for
+from e2e.processes import server_pid
 from e2e.realnode import Layout, NodeInfo, down, state_dir, status, up
-from e2e.test_operator_keeps_every_message_through_faults_and_scaling import server_pid
 from e2e.test_operator_runs_queues_on_a_shardq_cluster import apply, create_cluster, queue_ready, shard_leaders
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 

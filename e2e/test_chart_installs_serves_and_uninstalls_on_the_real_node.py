@@ -7,7 +7,6 @@ with retainOnDelete): the operator's leader Lease and the kept `helm test` Pod g
 
 from __future__ import annotations
 
-import re
 import time
 import urllib.request
 from typing import Any
@@ -79,14 +78,6 @@ def leftovers(api: client.ApiClient, namespace: str) -> dict[str, list[str]]:
     for plural in ("shardqclusters", "queues", "shards"):
         found[plural] = sorted(item["metadata"]["name"] for item in custom_objects(api, namespace, plural))
     return {kind: items for kind, items in found.items() if items}
-
-
-def without_shard_leases(found: dict[str, list[str]]) -> dict[str, list[str]]:
-    """`found` without the Leases of shards (`<queue>.<index>`); the operator's own leader
-    Lease, `shardq-operator`, is still counted."""
-    leases = [name for name in found.get("leases", []) if not re.fullmatch(r"[a-z0-9-]+\.[0-9]+", name)]
-    rest = {kind: names for kind, names in found.items() if kind != "leases"}
-    return {**rest, "leases": leases} if leases else rest
 
 
 def release_cluster_objects(api: client.ApiClient) -> list[str]:
@@ -183,8 +174,9 @@ def test_the_chart_installs_serves_passes_helm_test_and_uninstalls_cleanly(
             print(f"chart on the real node: helm uninstall took {time.monotonic() - uninstall_at:.1f}s")
             # Only the servers' volumes stay (retainOnDelete, the default); pods take a moment to go.
             kept = {"persistentvolumeclaims": [f"data-default-shardq-{n}" for n in range(SERVERS)]}
+            # The shard Leases belong to the cluster: the garbage collector takes them with it.
             wait_for(
-                lambda: without_shard_leases(leftovers(api, namespace)) == kept,
+                lambda: leftovers(api, namespace) == kept,
                 timeout=120,
                 what=f"only the servers' PVCs left in {namespace}",
             )
@@ -193,15 +185,6 @@ def test_the_chart_installs_serves_passes_helm_test_and_uninstalls_cleanly(
             assert {f"{plural}.shardq.io" for plural in ("shardqclusters", "queues", "shards")} <= {
                 crd.metadata.name for crd in crds
             }, "helm never deletes a chart's CRDs"
-            # Known operator gap (reported, not the chart's to fix): the operator creates each
-            # shard's Lease without an owner reference and never deletes it, so a deleted
-            # Queue's Leases stay. Everything else was checked above; this turns into a pass
-            # by itself once the operator cleans up.
-            shard_leases = leftovers(api, namespace).get("leases", [])
-            if shard_leases:
-                pytest.xfail(f"operator: shard Leases outlive their deleted Queues: {shard_leases}")
-    except pytest.xfail.Exception:
-        raise  # the release was uninstalled: only the operator's known gap is left
     except BaseException:
         # Leave no clusterwide operator behind for the tests after this one (its Queues'
         # finalizers need it while the namespace goes): best effort, the failure is what counts.

@@ -1,11 +1,11 @@
 """Issue 13's proof on the real node: producers and consumers (the fault suite's workload,
 recording every call's outcome) run against a ShardqCluster while
 
-1. the leader pod of a shard is deleted;
+1. the leader pod of a shard is deleted (its server hands leadership off on SIGTERM);
 2. a leader's server process is SIGKILLed inside its container (the kubelet restarts it,
    the pod and its volume stay);
-3. the operator is SIGKILLed right after a leader pod is deleted (mid-failover), and a new
-   operator process finishes the job;
+3. a leader's server is SIGKILLed and its pod deleted, and the operator SIGKILLed right
+   after (mid-failover): a new operator process finishes the job;
 4. the servers scale 3 -> 5 (replicas move onto the new pods) and back to 3 (replicas
    move off, leadership handed off first, before the StatefulSet shrinks).
 
@@ -30,6 +30,7 @@ from kubernetes import client
 from e2e.crds import install_crds
 from e2e.operator_process import running_operator
 from e2e.polling import wait_for
+from e2e.processes import server_pid
 from e2e.realnode import RunningNode
 from e2e.test_operator_runs_queues_on_a_shardq_cluster import (
     GROUP,
@@ -139,20 +140,6 @@ class Scenario:
         )
 
 
-def server_pid(namespace: str, server: str) -> int:
-    """The shard server process of pod `server`, found through /proc (the node is this machine)."""
-    for entry in pathlib.Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            arguments = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"serve" in arguments and server.encode() in arguments and namespace.encode() in arguments:
-            return int(entry.name)
-    raise AssertionError(f"no server process for {server} in {namespace}")
-
-
 @pytest.fixture
 def scenario(real_node: RunningNode, node_namespace: str, tmp_path: pathlib.Path) -> Iterator[Scenario]:
     with real_node.info.api_client() as api:
@@ -191,10 +178,13 @@ def kill_a_leader_process(scenario: Scenario) -> None:
 def kill_the_operator_mid_failover(scenario: Scenario) -> None:
     victim, epoch = shard_leaders(scenario.api, scenario.namespace, "orders")[2]
     assert scenario.operator is not None
+    # The server crashes first: a pod deleted with its server running would hand its
+    # leadership off itself, and the failover must be the operators' to finish.
+    os.kill(server_pid(scenario.namespace, victim), signal.SIGKILL)
     scenario.core.delete_namespaced_pod(victim, scenario.namespace, grace_period_seconds=0)
     scenario.operator.send_signal(signal.SIGKILL)
     scenario.operator.wait(timeout=10)
-    scenario.note(f"orders.2: pod {victim} deleted and the operator SIGKILLed")
+    scenario.note(f"orders.2: {victim} SIGKILLed, its pod deleted and the operator SIGKILLed")
     scenario.start_operator()
     leader = scenario.wait_failed_over("orders", 2, victim, epoch)
     scenario.note(f"orders.2: the new operator made {leader} leader")

@@ -6,6 +6,8 @@ restarting a pod."""
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import time
 import urllib.request
 from pathlib import Path
@@ -20,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from e2e.crds import install_crds
 from e2e.operator_process import running_operator
 from e2e.polling import wait_for
+from e2e.processes import server_pid
 from e2e.realnode import RunningNode
 from shardq import Client, Message, ShardqError
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
@@ -139,12 +142,28 @@ def test_queues_on_a_cluster_serve_fail_over_and_change_without_restarts(
             timeout=30,
             what="the queue's status to show 20 visible messages",
         )
+
+        # `kubectl get shards` shows each shard's depth and commit index, as its leader reports them.
+        def shard_depths() -> list[int] | None:
+            shards = client.CustomObjectsApi(api).list_namespaced_custom_object(
+                GROUP, VERSION, namespace, "shards", label_selector="shardq.io/queue=orders"
+            )["items"]
+            statuses = [shard.get("status", {}) for shard in shards]
+            if len(statuses) != 2 or sum(status.get("depth", 0) for status in statuses) != 20:
+                return None
+            assert all(status.get("commitIndex", 0) >= status["depth"] for status in statuses), statuses
+            return [status["depth"] for status in statuses]
+
+        wait_for(shard_depths, timeout=30, what="the Shards' status to show 20 messages between them")
         leaders = shard_leaders(api, namespace, "orders")
         assert sorted(leaders) == [0, 1]
         assert all(leader.startswith("main-shardq-") for leader, _ in leaders.values())
 
-        # The leader pod of shard 0 goes away: another in-sync replica takes over.
+        # The leader of shard 0 crashes and its pod goes away: another in-sync replica takes
+        # over. (A pod deleted with its server running would hand leadership off itself on
+        # SIGTERM; the SIGKILL first leaves the failover to the operator.)
         victim, epoch = leaders[0]
+        os.kill(server_pid(namespace, victim), signal.SIGKILL)
         core.delete_namespaced_pod(victim, namespace, grace_period_seconds=0)
         deleted_at = time.monotonic()
 
@@ -203,6 +222,13 @@ def test_queues_on_a_cluster_serve_fail_over_and_change_without_restarts(
         for name in ("orders", "orders-dlq"):
             client.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, namespace, "queues", name)
         wait_for(lambda: get(api, namespace, "shardqclusters", "main") is None, timeout=120, what="the cluster deleted")
+
+        # The shard Leases belonged to the cluster: the garbage collector removes them with it.
+        def shard_leases() -> list[str]:
+            listed = client.CoordinationV1Api(api).list_namespaced_lease(namespace).items
+            return sorted(lease.metadata.name for lease in listed if lease.metadata.name != "shardq-operator")
+
+        wait_for(lambda: shard_leases() == [], timeout=60, what=f"the shard Leases collected (left: {shard_leases()})")
 
 
 def test_leadership_moves_off_a_pod_whose_shards_are_hot(

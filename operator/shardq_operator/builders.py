@@ -15,6 +15,12 @@ from shardq_operator import naming
 Manifest = dict[str, Any]
 
 
+def lease_owner_reference(cluster: Mapping[str, Any]) -> Manifest:
+    """The reference a shard's Lease carries to its ShardqCluster: deleted with it, but
+    not controlled by it (the servers write the Lease) and not holding its deletion up."""
+    return {**owner_reference(cluster), "controller": False, "blockOwnerDeletion": False}
+
+
 def owner_reference(owner: Mapping[str, Any]) -> Manifest:
     """A controller reference to `owner` (a ShardqCluster or Queue as read from the API)."""
     metadata = owner["metadata"]

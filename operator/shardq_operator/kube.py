@@ -31,6 +31,7 @@ class Kube:
     def __init__(self, api_client: client.ApiClient) -> None:
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
+        self.coordination = client.CoordinationV1Api(api_client)
         self.apps = client.AppsV1Api(api_client)
         self.rbac = client.RbacAuthorizationV1Api(api_client)
         self.policy = client.PolicyV1Api(api_client)
@@ -145,6 +146,18 @@ class Kube:
             for pod in pods.items
         ]
         return as_dicts
+
+    def own_lease(self, namespace: str, name: str, reference: Mapping[str, Any]) -> None:
+        """Give a shard's Lease an owner `reference`, so the garbage collector removes it
+        with its owner. Only the metadata is patched: the holder, epoch and ISR stay the
+        servers' to change by compare-and-swap."""
+        self.coordination.patch_namespaced_lease(
+            name,
+            namespace,
+            {"metadata": {"ownerReferences": [dict(reference)]}},
+            _content_type=_MERGE,
+            _request_timeout=_TIMEOUT_S,
+        )
 
     def leases(self, namespace: str) -> KubernetesLeaseStore:
         """The shard leases of `namespace`, read with requests (the operator reads them once a tick)."""

@@ -39,7 +39,7 @@ from shardq_operator import builders, metrics, naming
 from shardq_operator.kube import Kube, Manifest
 from shardq_operator.mapping import DesiredMap, desired_map, servers_needed, with_servers
 from shardq_operator.observing import observe_servers, pod_address
-from shardq_operator.statuses import leader_loads
+from shardq_operator.statuses import LeaderReport, leader_reports
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,11 @@ REAPPLY_S = 60.0
 def _split(lease: str) -> tuple[str, int]:
     queue, _, index = lease.rpartition(".")
     return queue, int(index)
+
+
+def _reported(report: LeaderReport) -> dict[str, Any]:
+    """A Shard's status fields from its leader's report."""
+    return {"commitIndex": report.commit_index, "load": round(report.load, 1), "depth": report.messages}
 
 
 def is_ready(pod: Mapping[str, Any]) -> bool:
@@ -111,6 +116,8 @@ class Reconciler:
         self._rebalanced_at: dict[tuple[str, str], float] = {}
         self._moves: dict[tuple[str, str], list[float]] = {}
         self._proposed: dict[tuple[str, str], list[str]] = {}
+        # What the shards' leaders last reported, and when, per cluster.
+        self._reports: dict[tuple[str, str], tuple[float, dict[ShardId, LeaderReport]]] = {}
         # Replica moves rebalancing asked for, carried out by the next reconcile's plan.
         self._requested: dict[tuple[str, str], list[ReplicaMove]] = {}
         self._locks: dict[tuple[str, str], threading.Lock] = {}
@@ -204,6 +211,10 @@ class Reconciler:
                 leases.create(record)
             else:
                 leases.update(record)
+            # Owned by the cluster, not the Queue: a Queue created again under the same name
+            # must continue its shards' epochs (receipts of the old queue never match), and
+            # the Leases go when the cluster does.
+            self.kube.own_lease(namespace, record.name, builders.lease_owner_reference(owner))
         self._carry_out_moves(owner, live, moves, cluster_map, held)
         for manifest in (
             builders.service_account(owner),
@@ -323,8 +334,7 @@ class Reconciler:
         allowed = int(settings.get("maxMovesPerMinute", 6)) - len(recent)
         if allowed <= 0:
             return
-        addresses = [address for pod in pods if is_ready(pod) and (address := pod_address(pod, naming.GRPC_PORT))]
-        loads = leader_loads(addresses)
+        loads = {shard: report.load for shard, report in self._leader_reports(namespace, name, pods).items()}
         now = wall_clock_ms()
         moves = choose_rebalancing(
             cluster=cluster_map,
@@ -382,6 +392,17 @@ class Reconciler:
             self._event_on_queue(
                 live, move.lease, reason="Rebalance", message=f"leadership moved off a hot server: {text}"
             )
+
+    def _leader_reports(self, namespace: str, name: str, pods: list[Manifest]) -> dict[ShardId, LeaderReport]:
+        """What each shard's leader reports (load, commit index, depth), read from the ready
+        servers at most every COUNTS_EVERY_S; the last reports in between."""
+        key = (namespace, name)
+        read_at, reports = self._reports.get(key, (0.0, {}))
+        if time.monotonic() - read_at >= COUNTS_EVERY_S:
+            ready = [address for pod in pods if is_ready(pod) and (address := pod_address(pod, naming.GRPC_PORT))]
+            reports = leader_reports(ready)
+            self._reports[key] = (time.monotonic(), reports)
+        return reports
 
     def _note_down_servers(self, namespace: str, servers: Mapping[str, ServerObservation]) -> None:
         """When each server was first seen not running (or restarted), for failover timing."""
@@ -460,8 +481,10 @@ class Reconciler:
     ) -> None:
         namespace = owner["metadata"]["namespace"]
         cluster = owner["metadata"]["name"]
+        reports = self._leader_reports(namespace, cluster, pods)
         ready = sorted(name for name, server in servers.items() if server.ready)
         leads = dict.fromkeys(servers, 0)
+        led_load = dict.fromkeys(servers, 0.0)
         serving: dict[str, bool] = {}
         for shard in cluster_map.shards():
             lease = held.get(lease_name(shard))
@@ -469,6 +492,7 @@ class Reconciler:
             serving[lease_name(shard)] = ok
             if lease is not None and lease.holder in leads:
                 leads[lease.holder] += 1
+                led_load[lease.holder] += reports[shard].load if shard in reports else 0.0
         previous = owner.get("status", {}).get("conditions", [])
         all_ready = len(ready) == len(servers)
         scaling = (
@@ -503,7 +527,7 @@ class Reconciler:
                 "proposedMoves": self._proposed.get((namespace, cluster), []),
                 "replicaMoves": moving,
                 "servers": [
-                    {"name": name, "ready": servers[name].ready, "leads": leads[name], "load": 0.0}
+                    {"name": name, "ready": servers[name].ready, "leads": leads[name], "load": round(led_load[name], 1)}
                     for name in sorted(servers)
                 ],
                 "conditions": conditions,
@@ -573,6 +597,7 @@ class Reconciler:
             for entry in shards:
                 shard_lease = lease_name(ShardId(queue_name, entry["index"]))
                 lease = held.get(shard_lease)
+                report = reports.get(ShardId(queue_name, entry["index"]))
                 shard_object = builders.shard(queue, index=entry["index"], replicas=entry["replicas"])
                 shard_object["metadata"]["namespace"] = namespace
                 isr = sorted(isr_of(lease)) if lease is not None else []
@@ -584,6 +609,7 @@ class Reconciler:
                         "epoch": entry["epoch"],
                         "isr": isr,
                         "isrText": ",".join(isr),
+                        **(_reported(report) if report is not None else {}),
                         "conditions": [condition([], "Ready", serving.get(shard_lease, False), "Led", "")],
                     },
                 )

@@ -1,7 +1,9 @@
-"""What the servers say about their replicas (GetReplicaStatus), for rebalancing."""
+"""What the servers say about the shards they lead (GetReplicaStatus): load for
+rebalancing, commit index and depth for the Shard objects' status."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 import grpc
@@ -12,10 +14,19 @@ from shardq.coordination.placement import ShardId
 STATUS_TIMEOUT_S = 2.0
 
 
-def leader_loads(addresses: Iterable[str]) -> dict[ShardId, float]:
-    """Requests per second of every shard, as its leader reports it; servers that do not
-    answer are left out (their shards then count as idle: no move is made for them)."""
-    loads: dict[ShardId, float] = {}
+@dataclasses.dataclass(frozen=True, slots=True)
+class LeaderReport:
+    """One shard as its leader reports it."""
+
+    load: float  # requests per second over the last few seconds
+    commit_index: int
+    messages: int
+
+
+def leader_reports(addresses: Iterable[str]) -> dict[ShardId, LeaderReport]:
+    """Every shard led by one of the servers at `addresses`; servers that do not answer
+    are left out (their shards then count as idle: no move is made for them)."""
+    reports: dict[ShardId, LeaderReport] = {}
     for address in addresses:
         with grpc.insecure_channel(address) as channel:
             stub = replication_pb2_grpc.ReplicationServiceStub(channel)
@@ -25,5 +36,7 @@ def leader_loads(addresses: Iterable[str]) -> dict[ShardId, float]:
                 continue
         for replica in answer.replicas:
             if replica.role == replication_pb2.REPLICA_ROLE_LEADER:
-                loads[ShardId(replica.queue, replica.shard)] = replica.load
-    return loads
+                reports[ShardId(replica.queue, replica.shard)] = LeaderReport(
+                    load=replica.load, commit_index=replica.commit_index, messages=replica.messages
+                )
+    return reports
