@@ -6,7 +6,9 @@ recording every call's outcome) run against a ShardqCluster while
    the pod and its volume stay);
 3. a leader's server is SIGKILLed and its pod deleted, and the operator SIGKILLed right
    after (mid-failover): a new operator process finishes the job;
-4. the servers scale 3 -> 5 (replicas move onto the new pods) and back to 3 (replicas
+4. the pods are replaced one at a time for a new pod template (resources), each stopping
+   server handing its leadership off;
+5. the servers scale 3 -> 5 (replicas move onto the new pods) and back to 3 (replicas
    move off, leadership handed off first, before the StatefulSet shrinks).
 
 Afterwards the queues are drained and every shard exported, and the history checker must
@@ -65,6 +67,7 @@ class Scenario:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
+        self.apps = client.AppsV1Api(api)
         self._operators = contextlib.ExitStack()
         self.operator: subprocess.Popen[bytes] | None = None
         self.operators_started = 0
@@ -94,6 +97,13 @@ class Scenario:
     def condition(self, kind: str) -> str:
         conditions = self.cluster().get("status", {}).get("conditions", [])
         return next((c.get("status", "") for c in conditions if c.get("type") == kind), "")
+
+    def pods(self) -> list[Any]:
+        return [
+            pod
+            for pod in self.core.list_namespaced_pod(self.namespace, label_selector=SERVERS).items
+            if pod.metadata.deletion_timestamp is None
+        ]
 
     def ready_pods(self) -> list[str]:
         pods = self.core.list_namespaced_pod(
@@ -185,15 +195,47 @@ def kill_the_operator_mid_failover(scenario: Scenario) -> None:
     scenario.operator.send_signal(signal.SIGKILL)
     scenario.operator.wait(timeout=10)
     scenario.note(f"orders.2: {victim} SIGKILLed, its pod deleted and the operator SIGKILLed")
+    generation = scenario.apps.read_namespaced_stateful_set("main-shardq", scenario.namespace).metadata.generation
     scenario.start_operator()
     leader = scenario.wait_failed_over("orders", 2, victim, epoch)
     scenario.note(f"orders.2: the new operator made {leader} leader")
+    # A new operator process applies the same pod template: no server restarts for it.
+    after = scenario.apps.read_namespaced_stateful_set("main-shardq", scenario.namespace).metadata.generation
+    assert after == generation, f"the StatefulSet changed ({generation} -> {after}) when only the operator restarted"
+
+
+def roll_the_pods(scenario: Scenario) -> None:
+    """A change that needs new pods (resources): the StatefulSet replaces them one at a
+    time, and each stopping server hands its leadership off first."""
+    before = {pod.metadata.name: pod.metadata.uid for pod in scenario.pods()}
+    scenario.custom.patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        scenario.namespace,
+        "shardqclusters",
+        "main",
+        {"spec": {"resources": {"requests": {"cpu": "50m", "memory": "64Mi"}}}},
+    )
+
+    def rolled() -> bool:
+        status = scenario.apps.read_namespaced_stateful_set("main-shardq", scenario.namespace).status
+        pods = {pod.metadata.name: pod.metadata.uid for pod in scenario.pods()}
+        return (
+            status.update_revision == status.current_revision
+            and (status.updated_replicas or 0) == len(before)
+            and set(pods) == set(before)
+            and all(pods[name] != uid for name, uid in before.items())
+        )
+
+    wait_for(rolled, timeout=SCALE_S, interval=1.0, what=f"every pod replaced\n{scenario.operator_logs()}")
+    scenario.note(f"the new pod template rolled out: all {len(before)} pods replaced by the rolling update")
 
 
 FAULTS: tuple[Callable[[Scenario], None], ...] = (
     delete_a_leader_pod,
     kill_a_leader_process,
     kill_the_operator_mid_failover,
+    roll_the_pods,
 )
 
 
