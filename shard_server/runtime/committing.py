@@ -109,6 +109,10 @@ class WriterThread:
         # The server's calls in progress: a batch holding fewer requests than there are
         # calls leaves the event loop other work to do while its fsync runs.
         self.calls = calls
+        # When the last batch run on the event loop ended, and how long it took: calls that
+        # gRPC received while the loop was blocked in it are not counted anywhere yet.
+        self.loop_commit_ended_at = 0.0
+        self.loop_commit_took = 0.0
         # Batches and exclusive work handed to the thread and not yet finished, and
         # batches about to run on the event loop: the thread counts as busy while
         # either may be running, so two shards never commit on the loop in a row
@@ -241,7 +245,11 @@ class GroupCommitter:
         due, self._loop_batch = self._loop_batch, None
         thread = self._thread
         try:
-            if answers_early or thread.outstanding > 1 or thread.calls.count > requests:
+            started = time.monotonic()
+            # A batch starting sooner after the last one on the loop than that one took
+            # means calls kept arriving while the loop was blocked: that is load.
+            soon_after = started - thread.loop_commit_ended_at < thread.loop_commit_took
+            if answers_early or soon_after or thread.outstanding > 1 or thread.calls.count > requests:
                 # A receive answers as soon as its claims are decided, while the commit runs:
                 # on the event loop its answer could only go out after the fsync. And when
                 # other calls are in progress (other shards' batches went to the writer, or
@@ -251,6 +259,8 @@ class GroupCommitter:
             else:
                 finished: concurrent.futures.Future[_Batch] = concurrent.futures.Future()
                 finished.set_result(self._run_batch(loop))
+                thread.loop_commit_ended_at = time.monotonic()
+                thread.loop_commit_took = thread.loop_commit_ended_at - started
                 self._finish_batch(loop, finished)
         finally:
             if due is not None:

@@ -8,6 +8,7 @@ import asyncio
 import functools
 import pathlib
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -212,9 +213,13 @@ def test_a_batch_goes_to_the_writer_while_other_calls_are_in_progress(environmen
         reports: list[CommitReport] = []
         first, _ = committers(environments, writers, reports)
         with writers.calls:  # this call alone: its batch runs on the loop
+            started = time.monotonic()
             alone = await first.submit(write_marker(environments[0], b"one"))
+            took = time.monotonic() - started
         with writers.calls, writers.calls:  # another call in progress besides this one
             accompanied = await first.submit(write_marker(environments[0], b"two"))
+            # Longer apart than the commit on the loop took: that rule is tested on its own.
+            await asyncio.sleep(took)
             with writers.calls.paused():  # ... unless the other only waits in a long poll
                 beside_a_long_poll = await first.submit(write_marker(environments[0], b"three"))
         assert alone == threading.get_ident()
@@ -252,6 +257,29 @@ def test_requests_queued_during_a_commit_form_a_batch_on_the_writer_thread(
         assert await running != threading.get_ident()
         assert await queued_meanwhile != threading.get_ident()
         assert [report.requests for report in reports] == [1, 1]
+        await first.close()
+        writers.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_batch_right_after_a_long_one_on_the_loop_goes_to_the_writer(
+    environments: list[ShardEnvironment],
+) -> None:
+    """Calls gRPC received while the loop was blocked in a commit are counted nowhere: a
+    batch starting sooner after it than it took goes to the writer thread."""
+
+    async def scenario() -> None:
+        writers = WriterThreads(1)
+        reports: list[CommitReport] = []
+        first, _ = committers(environments, writers, reports)
+
+        def slow(tx: LmdbShardTransaction, context: ShardContext, now: int) -> int:
+            time.sleep(0.2)  # deliberately blocks: stands for a slow fsync
+            return threading.get_ident()
+
+        assert await first.submit(slow) == threading.get_ident()
+        assert await first.submit(write_marker(environments[0], b"next")) != threading.get_ident()
         await first.close()
         writers.shutdown()
 
