@@ -169,27 +169,17 @@ def _choose_one_move(
     moved_queues: Collection[str],
     imbalance_threshold: float,
 ) -> LeadershipMove | None:
-    hottest = min(loads, key=lambda name: (-loads[name], name))
-    mean = sum(loads.values()) / len(loads)
-    if loads[hottest] <= mean * (1 + imbalance_threshold):
+    hottest = _hottest_above_threshold(loads, imbalance_threshold)
+    if hottest is None:
         return None
-    best: tuple[float, ShardId, str] | None = None
-    for shard in cluster.shards:
-        if leaders[shard.shard] != hottest or shard.shard.queue in moved_queues or shard.load <= 0:
-            continue
-        for follower in shard.replicas:
-            if follower == hottest or follower not in shard.isr or follower not in loads:
-                continue
-            peak_after = max(loads[hottest] - shard.load, loads[follower] + shard.load)
-            if peak_after >= loads[hottest]:
-                continue
-            candidate = (peak_after, shard.shard, follower)
-            if best is None or candidate < best:
-                best = candidate
-    if best is None:
-        return None
-    _, shard_id, target = best
-    return LeadershipMove(shard=shard_id, from_server=hottest, to_server=target)
+    options = (
+        (shard, follower)
+        for shard in cluster.shards
+        if leaders[shard.shard] == hottest and shard.shard.queue not in moved_queues and shard.load > 0
+        for follower in shard.replicas
+        if follower != hottest and follower in shard.isr and follower in loads
+    )
+    return _best_relief(loads, hottest, options)
 
 
 def choose_replica_move_for_load(cluster: ClusterState, *, imbalance_threshold: float) -> LeadershipMove | None:
@@ -203,24 +193,43 @@ def choose_replica_move_for_load(cluster: ClusterState, *, imbalance_threshold: 
     if choose_leadership_moves(cluster, max_moves=1, imbalance_threshold=imbalance_threshold):
         return None
     loads = compute_leader_loads(cluster)
+    hottest = _hottest_above_threshold(loads, imbalance_threshold)
+    if hottest is None:
+        return None
+    options = (
+        (shard, target)
+        for shard in cluster.shards
+        if shard.leader == hottest and shard.load > 0
+        for target in loads
+        if target not in shard.replicas
+    )
+    return _best_relief(loads, hottest, options)
+
+
+def _hottest_above_threshold(loads: Mapping[str, float], imbalance_threshold: float) -> str | None:
+    """The hottest server (first by name among equals), if its load is above (1 +
+    imbalance_threshold) times the mean; None when balanced (or no server is live)."""
     if not loads:
         return None
     hottest = min(loads, key=lambda name: (-loads[name], name))
-    if loads[hottest] <= sum(loads.values()) / len(loads) * (1 + imbalance_threshold):
-        return None
+    mean = sum(loads.values()) / len(loads)
+    return hottest if loads[hottest] > mean * (1 + imbalance_threshold) else None
+
+
+def _best_relief(
+    loads: Mapping[str, float], hottest: str, options: Iterable[tuple[ShardState, str]]
+) -> LeadershipMove | None:
+    """Of the (shard led by `hottest`, server to take it) options, the one leaving the
+    lowest peak of the two servers' loads, if that is strictly below the hottest's now
+    (ties: first shard, then first server)."""
     best: tuple[float, ShardId, str] | None = None
-    for shard in cluster.shards:
-        if shard.leader != hottest or shard.load <= 0:
+    for shard, target in options:
+        peak_after = max(loads[hottest] - shard.load, loads[target] + shard.load)
+        if peak_after >= loads[hottest]:
             continue
-        for target in loads:
-            if target in shard.replicas:
-                continue
-            peak_after = max(loads[hottest] - shard.load, loads[target] + shard.load)
-            if peak_after >= loads[hottest]:
-                continue
-            candidate = (peak_after, shard.shard, target)
-            if best is None or candidate < best:
-                best = candidate
+        candidate = (peak_after, shard.shard, target)
+        if best is None or candidate < best:
+            best = candidate
     if best is None:
         return None
     _, shard_id, target = best

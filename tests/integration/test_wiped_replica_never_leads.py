@@ -15,19 +15,13 @@ import pytest
 from shardq import Client, Message, ShardqError
 from shardq.coordination.fencing import build_takeover, incarnations_of, is_expired, isr_of
 from shardq.coordination.leases import LeaseRecord
-from tests.support.clusters import LEASE_MS, Cluster
+from tests.support.clusters import LEASE_MS, Cluster, running
 from tests.support.servers import wait_for
 
 
 @pytest.fixture
 def pair(tmp_path: pathlib.Path) -> Iterator[Cluster]:
-    cluster = Cluster(tmp_path, placement=[["s1", "s2"]])
-    try:
-        for server in cluster.servers:
-            cluster.start(server)
-        yield cluster
-    finally:
-        cluster.stop_all()
+    yield from running(Cluster(tmp_path, placement=[["s1", "s2"]]))
 
 
 @pytest.mark.timeout(90)
