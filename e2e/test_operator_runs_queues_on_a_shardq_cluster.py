@@ -75,6 +75,15 @@ def shard_leaders(api: client.ApiClient, namespace: str, queue: str) -> dict[int
     }
 
 
+def busiest_pod(leaders: dict[int, tuple[str, int]]) -> tuple[str, list[int]]:
+    """The pod leading the most shards (first by name among equals) and up to two of them."""
+    led: dict[str, list[int]] = {}
+    for index, (leader, _) in sorted(leaders.items()):
+        led.setdefault(leader, []).append(index)
+    busiest = max(sorted(led), key=lambda server: len(led[server]))
+    return busiest, led[busiest][:2]
+
+
 def drain(endpoint: str, queue: str, expected: int, *, timeout: float = 60) -> set[bytes]:
     bodies: set[bytes] = set()
     deadline = time.monotonic() + timeout
@@ -247,11 +256,7 @@ def test_leadership_moves_off_a_pod_whose_shards_are_hot(
         leaders = shard_leaders(api, namespace, "hot")
         # Placement spreads leaders two per server, but pods starting in turn may have
         # shifted some: take the server leading the most (at least two of six).
-        led: dict[str, list[int]] = {}
-        for index, (leader, _) in sorted(leaders.items()):
-            led.setdefault(leader, []).append(index)
-        busiest = max(sorted(led), key=lambda server: len(led[server]))
-        hot = led[busiest][:2]
+        busiest, hot = busiest_pod(leaders)
         assert len(hot) == 2, leaders
         service_ip = client.CoreV1Api(api).read_namespaced_service("main-shardq", namespace).spec.cluster_ip
 
@@ -363,11 +368,7 @@ def test_a_replica_moves_when_leadership_alone_cannot_cool_a_hot_pod(
         apply(api, namespace, "queues", "Queue", "spread", {"cluster": "main", "shards": 4, "replicas": 1})
         wait_for(lambda: queue_ready(api, namespace, "spread"), timeout=READY_S, what="queue spread Ready")
         leaders = shard_leaders(api, namespace, "spread")
-        led: dict[str, list[int]] = {}
-        for index, (leader, _) in sorted(leaders.items()):
-            led.setdefault(leader, []).append(index)
-        busiest = max(sorted(led), key=lambda server: len(led[server]))
-        hot = led[busiest][:2]
+        busiest, hot = busiest_pod(leaders)
         assert len(hot) == 2, f"4 shards on 3 pods: one pod leads two ({leaders})"
         service_ip = client.CoreV1Api(api).read_namespaced_service("main-shardq", namespace).spec.cluster_ip
 

@@ -336,6 +336,8 @@ class Reconciler:
             return
         loads = {shard: report.load for shard, report in self._leader_reports(namespace, name, pods).items()}
         now = wall_clock_ms()
+        # The spec gives a factor over the mean; the planner wants the excess over it.
+        threshold = max(float(settings.get("imbalanceThreshold", 1.5)) - 1.0, 0.0)
         moves = choose_rebalancing(
             cluster=cluster_map,
             leases=held,
@@ -343,7 +345,7 @@ class Reconciler:
             shard_loads=loads,
             now_ms=now,
             max_moves=min(allowed, 1),
-            imbalance_threshold=max(float(settings.get("imbalanceThreshold", 1.5)) - 1.0, 0.0),
+            imbalance_threshold=threshold,
         )
         described = [
             f"{move.lease.name}: {move.lease.holder} -> {move.new_holder} "
@@ -360,7 +362,7 @@ class Reconciler:
                 servers=servers,
                 shard_loads=loads,
                 now_ms=now,
-                imbalance_threshold=max(float(settings.get("imbalanceThreshold", 1.5)) - 1.0, 0.0),
+                imbalance_threshold=threshold,
             )
         if replica_move is not None:
             described.append(

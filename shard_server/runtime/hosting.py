@@ -701,59 +701,49 @@ class HostedQueue:
     ) -> list[Reason | None]:
         """Apply `act(tx, context, receipt, position, now)` to every receipt, per shard;
         `forward(leader, positions)` sends the positions of a remote shard to its leader."""
+        # The calls in progress decide whether a lone batch may commit on the event loop.
         with self.writers.calls:
-            return await self._act_on_receipts_counted(receipts, act, succeeded_counter, forward, forwarded=forwarded)
+            results, by_shard = self._decode(receipts)
 
-    async def _act_on_receipts_counted(
-        self,
-        receipts: Sequence[str],
-        act: Callable[[LmdbShardTransaction, ShardContext, Receipt, int, int], Reason | None],
-        succeeded_counter: Callable[[HostedShard], Counter] | None,
-        forward: Callable[[str, list[int]], Awaitable[list[Reason | None]]],
-        *,
-        forwarded: bool,
-    ) -> list[Reason | None]:
-        results, by_shard = self._decode(receipts)
+            def record(items: list[tuple[int, Receipt]], outcomes: Sequence[Reason | None]) -> None:
+                for (position, _), outcome in zip(items, outcomes, strict=True):
+                    results[position] = outcome
 
-        def record(items: list[tuple[int, Receipt]], outcomes: Sequence[Reason | None]) -> None:
-            for (position, _), outcome in zip(items, outcomes, strict=True):
-                results[position] = outcome
+            async def act_remotely(leader: str, items: list[tuple[int, Receipt]]) -> None:
+                try:
+                    record(items, await forward(leader, [position for position, _ in items]))
+                except ShardqError as error:
+                    record(items, [error.reason] * len(items))
 
-        async def act_remotely(leader: str, items: list[tuple[int, Receipt]]) -> None:
-            try:
-                record(items, await forward(leader, [position for position, _ in items]))
-            except ShardqError as error:
-                record(items, [error.reason] * len(items))
+            def act_locally(items: list[tuple[int, Receipt]]) -> Work[list[Reason | None]]:
+                def work(tx: LmdbShardTransaction, context: ShardContext, now: int) -> list[Reason | None]:
+                    return [act(tx, context, receipt, position, now) for position, receipt in items]
 
-        def act_locally(items: list[tuple[int, Receipt]]) -> Work[list[Reason | None]]:
-            def work(tx: LmdbShardTransaction, context: ShardContext, now: int) -> list[Reason | None]:
-                return [act(tx, context, receipt, position, now) for position, receipt in items]
+                return work
 
-            return work
-
-        local: list[tuple[HostedShard, list[tuple[int, Receipt]], asyncio.Future[list[Reason | None]]]] = []
-        remote = []
-        for index, items in by_shard.items():
-            shard = self.leader_here(index)
-            if shard is not None:
-                # Queued straight on each shard's committer: no task per shard.
-                local.append((shard, items, shard.committer.enqueue(act_locally(items))))
-                continue
-            leader = "" if self.router is None else self.router.leader_of(self.config.name, index)[0]
-            if forwarded or self.router is None or not leader or leader == self.router.server_id:
-                record(items, [Reason.NOT_LEADER] * len(items))
-            else:
-                remote.append(act_remotely(leader, items))
-        await asyncio.gather(*remote, *(future for _, _, future in local))
-        for shard, items, future in local:
-            outcomes = future.result()
-            record(items, outcomes)
-            succeeded = outcomes.count(None)
-            if succeeded < len(outcomes):
-                shard.count_rejections(outcomes)
-            if succeeded and succeeded_counter is not None:
-                succeeded_counter(shard).inc(succeeded)
-        return results
+            local: list[tuple[HostedShard, list[tuple[int, Receipt]], asyncio.Future[list[Reason | None]]]] = []
+            remote = []
+            for index, items in by_shard.items():
+                shard = self.leader_here(index)
+                if shard is not None:
+                    # Queued straight on each shard's committer: no task per shard.
+                    local.append((shard, items, shard.committer.enqueue(act_locally(items))))
+                    continue
+                leader = "" if self.router is None else self.router.leader_of(self.config.name, index)[0]
+                if forwarded or self.router is None or not leader or leader == self.router.server_id:
+                    record(items, [Reason.NOT_LEADER] * len(items))
+                else:
+                    remote.append(act_remotely(leader, items))
+            await asyncio.gather(*remote, *(future for _, _, future in local))
+            for shard, items, future in local:
+                outcomes = future.result()
+                record(items, outcomes)
+                succeeded = outcomes.count(None)
+                if succeeded < len(outcomes):
+                    shard.count_rejections(outcomes)
+                if succeeded and succeeded_counter is not None:
+                    succeeded_counter(shard).inc(succeeded)
+            return results
 
     @property
     def _calls(self) -> LeaderCalls:
