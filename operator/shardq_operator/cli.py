@@ -76,7 +76,9 @@ def operator_command(
         identity=identity or default_identity(),
         duration_ms=duration_ms,
     )
-    handlers.use(Reconciler(Kube(api)), leadership)
+    # kopf reads --namespace values as patterns; only plain names need no namespace listing.
+    named = bool(namespaces) and not any(set(n) & set("*?!,") for n in namespaces)
+    handlers.use(Reconciler(Kube(api)), leadership, named_namespaces=named)
     if metrics_port:
         try:
             metrics.serve_metrics(metrics_host, metrics_port)

@@ -27,10 +27,13 @@ STANDBY_RETRY_S = 2
 _state: dict[str, object] = {}
 
 
-def use(reconciler: Reconciler, leadership: OperatorLeadership) -> None:
-    """Set what the handlers use (the operator's entry point does, before kopf runs)."""
+def use(reconciler: Reconciler, leadership: OperatorLeadership, *, named_namespaces: bool = False) -> None:
+    """Set what the handlers use (the operator's entry point does, before kopf runs).
+
+    `named_namespaces`: the operator serves only namespaces named on its command line."""
     _state["reconciler"] = reconciler
     _state["leadership"] = leadership
+    _state["named_namespaces"] = named_namespaces
 
 
 def _reconciler() -> Reconciler:
@@ -76,6 +79,13 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING
     settings.persistence.finalizer = "shardq.io/operator"
     settings.watching.server_timeout = 60
+    if _state.get("named_namespaces"):
+        # Serving named namespaces, the operator has no right to list namespaces or CRDs at
+        # cluster scope (the chart grants Roles in those namespaces only). Scanning would
+        # retry the refused lists for about 40 s before kopf falls back to the names given,
+        # and no handler would run meanwhile: a failover after an operator restart waited
+        # for it. The names are exact, so there is nothing to scan for.
+        settings.scanning.disabled = True
 
 
 @kopf.timer(naming.GROUP, naming.VERSION, "shardqclusters", interval=TICK_S)
