@@ -21,7 +21,9 @@ def observe_pod(pod: Mapping[str, Any]) -> ServerObservation:
     started when that container started (a restarted container is a new process, whose
     predecessor's lease must not be renewed by it); ready since its Ready condition turned
     true. Kubelet times have whole seconds: a container restarted within the second its
-    lease was taken is caught by lease expiry instead."""
+    lease was taken is caught by lease expiry instead. Unready since the Ready condition
+    turned false after the container started: it was ready in this incarnation and stopped
+    answering (a restarted container's condition turned false before it started)."""
     metadata = pod.get("metadata", {})
     status = pod.get("status", {})
     name = metadata.get("name", "")
@@ -29,15 +31,21 @@ def observe_pod(pod: Mapping[str, Any]) -> ServerObservation:
     running_state = (statuses[0].get("state") or {}).get("running") if statuses else None
     running = running_state is not None and not metadata.get("deletionTimestamp") and status.get("phase") == "Running"
     started = _epoch_ms(running_state.get("startedAt")) if running_state else None
-    ready_since = None
+    ready_since = unready_since = None
     for condition in status.get("conditions") or []:
-        if condition.get("type") == "Ready" and condition.get("status") == "True":
-            ready_since = _epoch_ms(condition.get("lastTransitionTime"))
+        if condition.get("type") != "Ready":
+            continue
+        changed = _epoch_ms(condition.get("lastTransitionTime"))
+        if condition.get("status") == "True":
+            ready_since = changed
+        elif changed is not None and started is not None and changed > started:
+            unready_since = changed
     return ServerObservation(
         name=name,
         running=running,
         started_at_ms=started or 0,
         ready_since_ms=ready_since if running else None,
+        unready_since_ms=unready_since if running else None,
     )
 
 

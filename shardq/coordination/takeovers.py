@@ -56,6 +56,9 @@ class ServerObservation:
     # When the current process was first seen ready to serve; None while it starts.
     ready_since_ms: int | None = None
     load: float = 0.0
+    # When the current process, having been ready, stopped passing its readiness checks
+    # (hung, paused, overloaded); None while it is ready or has not been ready yet.
+    unready_since_ms: int | None = None
 
     @property
     def ready(self) -> bool:
@@ -122,11 +125,16 @@ def holder_stopped_renewing(lease: LeaseRecord, servers: Mapping[str, ServerObse
 
     A holder that is still starting, or became ready less than one lease duration ago,
     has not had its chance yet; judging it would move leadership at every cluster start.
+    A holder that was ready in this incarnation and no longer is (a paused or hung process
+    fails its readiness checks as it fails to renew) had its chance: were it judged only
+    while ready, a paused leader would keep its shard unled for as long as it stays paused.
     """
     holder = servers.get(lease.holder)
-    if holder is None or holder.ready_since_ms is None:
+    if holder is None or not is_expired(lease, now_ms):
         return False
-    return is_expired(lease, now_ms) and now_ms - holder.ready_since_ms >= lease.duration_ms
+    if holder.ready_since_ms is not None:
+        return now_ms - holder.ready_since_ms >= lease.duration_ms
+    return holder.unready_since_ms is not None
 
 
 def choose_failover(

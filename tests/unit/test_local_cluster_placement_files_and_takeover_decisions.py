@@ -225,6 +225,15 @@ class TestFailover:
         assert decide(record, observed(just_ready, ready("s2"), ready("s3"))) is None
         assert decide(record, observed(starting("s1", started=T0 - 20_000), ready("s2"), ready("s3"))) is None
 
+    def test_a_holder_that_was_ready_and_stopped_answering_loses_the_expired_lease(self) -> None:
+        # A paused (SIGSTOP) or hung holder fails its readiness checks as it fails to renew.
+        record = lease(renewed=T0 - DURATION_MS)
+        paused = dataclasses.replace(ready("s1"), ready_since_ms=None, unready_since_ms=T0 - 1_000)
+        decision = decide(record, observed(paused, ready("s2"), ready("s3", load=5)))
+        assert decision == Takeover(lease=record, new_holder="s2", reason=TakeoverReason.LEASE_EXPIRED)
+        # Not before its lease has expired, however long it has been unready.
+        assert decide(lease(renewed=T0 - DURATION_MS + 1), observed(paused, ready("s2"), ready("s3"))) is None
+
     def test_an_expired_lease_with_no_ready_in_sync_replica_waits(self) -> None:
         record = lease(renewed=T0 - DURATION_MS, isr=("s1", "s2"))
         assert decide(record, observed(ready("s1"), dead("s2"), ready("s3"))) == Waiting(

@@ -155,6 +155,17 @@ def test_a_pod_is_observed_as_its_server(shape: dict[str, bool], running: bool, 
         assert seen.ready_since_ms == 1_795_428_002_000
 
 
+def test_a_pod_that_was_ready_in_this_container_and_no_longer_is_is_unready_since_then() -> None:
+    paused = pod("main-shardq-0", ready=False)
+    paused["status"]["conditions"][0]["lastTransitionTime"] = "2026-11-23T10:00:09Z"
+    assert observe_pod(paused).unready_since_ms == 1_795_428_009_000
+    # Unready since before the container started: a restarted or starting server, not a paused one.
+    starting = pod("main-shardq-0", ready=False)
+    starting["status"]["conditions"][0]["lastTransitionTime"] = "2026-11-23T10:00:00Z"
+    assert observe_pod(starting).unready_since_ms is None
+    assert observe_pod(pod("main-shardq-0")).unready_since_ms is None
+
+
 def test_a_server_without_a_pod_is_not_running() -> None:
     servers = observe_servers(["main-shardq-0", "main-shardq-1"], [pod("main-shardq-0")])
     assert servers["main-shardq-0"].ready
