@@ -27,6 +27,7 @@ from e2e.realnode import (
     down,
     locate_node_binaries,
     recycle_released_volumes,
+    refresh_shardq_image,
     state_dir,
     status,
     up,
@@ -162,7 +163,7 @@ def real_node(request: pytest.FixtureRequest, binaries: Binaries) -> Iterator[Ru
     layout = Layout(state_dir())
     healthy, _ = status(layout)
     if healthy:
-        yield RunningNode(layout, NodeInfo.load(layout.info))
+        yield RunningNode(layout, refresh_shardq_image(layout))
         return
     node = RunningNode(layout, up(layout))
     try:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -348,6 +349,21 @@ def _import_images(layout: Layout, images: tuple[Image, ...]) -> None:
         started = time.monotonic()
         run(*_ctr(layout), "images", "import", "--no-unpack", str(image.archive))
         log(f"imported {image.name} in {time.monotonic() - started:.1f}s")
+
+
+def refresh_shardq_image(layout: Layout | None = None) -> NodeInfo:
+    """A running node gets the image of the code as it is now (built if the wheel set
+    changed, else reused) imported into its containerd; its info names that image. Without
+    this, tests on a node brought up earlier would run the code of that earlier time."""
+    layout = layout or Layout(state_dir())
+    info = NodeInfo.load(layout.info)
+    shardq = build_shardq_image()
+    if shardq.name != info.shardq_image:
+        log(f"importing {shardq.name} (the node had {info.shardq_image})")
+        _import_images(layout, (shardq,))
+        info = dataclasses.replace(info, shardq_image=shardq.name)
+        info.save(layout.info)
+    return info
 
 
 def _spawn_detached(layout: Layout, name: str, args: list[str]) -> int:
@@ -855,7 +871,9 @@ class RunningNode:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="e2e/cluster", description="The real single-node Kubernetes of the tests.")
-    parser.add_argument("command", choices=("up", "down", "status"))
+    parser.add_argument(
+        "command", choices=("up", "down", "status", "image"), help="image: import the current code's image into it"
+    )
     arguments = parser.parse_args(argv)
     try:
         if arguments.command == "up":
@@ -868,6 +886,9 @@ def main(argv: list[str] | None = None) -> int:
             if not remains.clean:
                 print(f"left behind: {remains}", file=sys.stderr)
                 return 1
+            return 0
+        if arguments.command == "image":
+            print(refresh_shardq_image().shardq_image)
             return 0
         healthy, line = status()
         print(line)
