@@ -543,8 +543,31 @@ def analytics_report(
 
 def _load_plugins() -> None:
     for entry_point in importlib.metadata.entry_points(group="shardq.cli"):
-        command = entry_point.load()
+        try:
+            command = entry_point.load()
+        except ImportError as error:
+            # The wheel registers every command, but `serve`, `local` and `operator` need
+            # extras: without them, the client commands (and the analytics job, which
+            # imports this module) must still work.
+            command = _needs_an_extra(entry_point.name, error)
         main.add_command(command, entry_point.name)
+
+
+def _needs_an_extra(name: str, error: ImportError) -> click.Command:
+    missing = error.name or str(error)
+
+    @click.command(
+        name=name,
+        help=f"Unavailable here: needs {missing} (pip install 'shardq[server,operator]').",
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+        add_help_option=False,
+    )
+    def unavailable() -> None:
+        raise click.ClickException(
+            f"`shardq {name}` needs {missing}, which is not installed: pip install 'shardq[server,operator]'"
+        )
+
+    return unavailable
 
 
 _load_plugins()
