@@ -83,8 +83,19 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def pack_image(rootfs: Path, name: str, archive: Path, *, entrypoint: list[str], cmd: list[str] | None = None) -> None:
-    """Write `rootfs` as a one-layer docker-archive tar tagged `name`."""
+def pack_image(
+    rootfs: Path,
+    name: str,
+    archive: Path,
+    *,
+    entrypoint: list[str],
+    cmd: list[str] | None = None,
+    env: tuple[str, ...] = (),
+    user: str = "",
+    working_dir: str = "/",
+) -> None:
+    """Write `rootfs` as a one-layer docker-archive tar tagged `name`; `env` adds
+    `KEY=value` entries to the image's environment."""
     tmp = archive.with_suffix(".partial")
     layer = tmp.with_suffix(".layer")
     with tarfile.open(layer, "w", format=tarfile.PAX_FORMAT) as tar:
@@ -98,8 +109,9 @@ def pack_image(rootfs: Path, name: str, archive: Path, *, entrypoint: list[str],
         "config": {
             "Entrypoint": entrypoint,
             "Cmd": cmd,
-            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONUNBUFFERED=1"],
-            "WorkingDir": "/",
+            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONUNBUFFERED=1", *env],
+            "WorkingDir": working_dir,
+            **({"User": user} if user else {}),
         },
         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
     }
@@ -151,9 +163,9 @@ def build_pause_image() -> Image:
     return Image(PAUSE_IMAGE, archive)
 
 
-def base_rootfs() -> Path:
-    """Debian minbase with DEBIAN_PACKAGES, built once (debootstrap, about 90 s)."""
-    key = hashlib.sha256(f"{RECIPE} {DEBIAN_SUITE} {' '.join(DEBIAN_PACKAGES)}".encode()).hexdigest()[:12]
+def base_rootfs(packages: tuple[str, ...] = DEBIAN_PACKAGES) -> Path:
+    """Debian minbase with `packages`, built once per package set (debootstrap, about 90 s)."""
+    key = hashlib.sha256(f"{RECIPE} {DEBIAN_SUITE} {' '.join(packages)}".encode()).hexdigest()[:12]
     rootfs = images_dir() / f"base-{DEBIAN_SUITE}-{key}"
     if (rootfs / ".complete").exists():
         return rootfs
@@ -161,12 +173,12 @@ def base_rootfs() -> Path:
         raise RuntimeError("debootstrap is not installed (apt-get install debootstrap)")
     partial = rootfs.with_name(rootfs.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    log(f"debootstrap {DEBIAN_SUITE} minbase + {', '.join(DEBIAN_PACKAGES)} (about 90 s)")
+    log(f"debootstrap {DEBIAN_SUITE} minbase + {', '.join(packages)} (about 90 s)")
     subprocess.run(
         [
             "debootstrap",
             "--variant=minbase",
-            f"--include={','.join(DEBIAN_PACKAGES)}",
+            f"--include={','.join(packages)}",
             DEBIAN_SUITE,
             str(partial),
             DEBIAN_MIRROR,
@@ -221,13 +233,13 @@ def wheel_set_hash(wheels: list[Path]) -> str:
     for wheel in sorted(wheels, key=lambda path: path.name):
         if wheel.name.startswith("shardq-"):
             # A freshly built wheel differs in timestamps only: hash its contents.
-            digest.update(b"shardq " + _wheel_contents_hash(wheel).encode())
+            digest.update(b"shardq " + wheel_contents_hash(wheel).encode())
         else:
             digest.update(f"{wheel.name} {_sha256_file(wheel)}\n".encode())
     return digest.hexdigest()[:16]
 
 
-def _wheel_contents_hash(wheel: Path) -> str:
+def wheel_contents_hash(wheel: Path) -> str:
     digest = hashlib.sha256()
     with zipfile.ZipFile(wheel) as archive:
         for name in sorted(archive.namelist()):
