@@ -24,6 +24,7 @@ class Binaries:
     etcd: Path
     helm: Path
     promtool: Path
+    prometheus: Path
     kubernetes_version: str
     etcd_version: str
     helm_version: str
@@ -60,6 +61,7 @@ def locate_binaries() -> Binaries:
         etcd=root / f"etcd-{versions['ETCD_VERSION']}" / "bin" / "etcd",
         helm=root / f"helm-{versions['HELM_VERSION']}" / "bin" / "helm",
         promtool=root / "promtool-debian" / "bin" / "promtool",
+        prometheus=root / f"prometheus-{versions['PROMETHEUS_VERSION']}" / "bin" / "prometheus",
         kubernetes_version=versions["K8S_VERSION"],
         etcd_version=versions["ETCD_VERSION"],
         helm_version=versions["HELM_VERSION"],

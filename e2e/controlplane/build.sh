@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds (or reuses) the binaries the e2e tests run: kube-apiserver,
 # kube-controller-manager and kubectl (k8s.io/kubernetes), the node's kubelet,
-# kube-scheduler and kube-proxy, CoreDNS, etcd, helm, and extracts promtool from Debian's prometheus package. Versions come from
-# versions.env beside this script.
+# kube-scheduler and kube-proxy, CoreDNS, etcd, helm, the Prometheus server, and extracts promtool from
+# Debian's prometheus package. Versions come from versions.env beside this script.
 #
 # Everything goes under ${XDG_CACHE_HOME:-$HOME/.cache}/shardq/, keyed by
 # version: binaries in <tool>-<version>/bin, the Go module and build caches in
@@ -262,6 +262,39 @@ print(v.split(".")[1])')"
   log "helm ${version}: installed into ${bindir}"
 }
 
+# Upstream's server, not Debian's: Debian's prometheus package is built without
+# Kubernetes service discovery ("Kubernetes support has been completely removed, due to
+# the insane amount of dependencies in their client library", its NEWS.Debian), and the
+# real-node test scrapes pods through kubernetes_sd_configs. The build tags keep only
+# that discovery (and file/http), which spares most of the other SDs' cloud SDKs.
+build_prometheus() {
+  local version="${PROMETHEUS_VERSION}"
+  local bindir="${cache}/prometheus-${version}/bin"
+  local stamp
+  stamp="$(stamp_of prometheus "${version}")"
+  if is_complete "${bindir}" "${stamp}" prometheus; then
+    log "prometheus ${version}: up to date in ${bindir}"
+    return
+  fi
+  log "prometheus ${version}: building (cold: minutes on 2 cores)"
+  local info release build_date
+  info="$(go mod download -json "github.com/prometheus/prometheus@${version}")"
+  release="$(python3 -c 'import json,sys,pathlib; print(pathlib.Path(json.load(sys.stdin)["Dir"], "VERSION").read_text().strip())' <<<"${info}")"
+  build_date="$(python3 -c 'import json,sys; print(json.load(open(json.load(sys.stdin)["Info"]))["Time"])' <<<"${info}")"
+  # The -X flags of upstream's .promu.yml, so `prometheus --version` names the release.
+  local v="github.com/prometheus/common/version"
+  local ldflags="-s -w -X ${v}.Version=${release} -X ${v}.Revision=module-${version}"
+  ldflags+=" -X ${v}.Branch=HEAD -X ${v}.BuildUser=shardq-build.sh -X ${v}.BuildDate=${build_date}"
+  local tmp="${bindir}.tmp"
+  rm -rf "${tmp}" && mkdir -p "${tmp}"
+  # Prometheus' go.mod has no replace directives at this version, so it installs by version.
+  GOBIN="${tmp}" nice -n 10 go install -trimpath -tags netgo,remove_all_sd,enable_kubernetes_sd \
+    -ldflags "${ldflags}" "github.com/prometheus/prometheus/cmd/prometheus@${version}"
+  expect_version "${tmp}/prometheus" "prometheus, version ${release}" --version
+  install_bindir "${tmp}" "${bindir}" "${stamp}"
+  log "prometheus ${version}: installed into ${bindir}"
+}
+
 extract_promtool() {
   local package="${PROMTOOL_DEB_PACKAGE}"
   local bindir="${cache}/promtool-debian/bin"
@@ -305,11 +338,13 @@ build_k8s_set k8s k8s kube-apiserver kube-controller-manager kubectl
 if [[ "${SHARDQ_SKIP_NODE:-}" != 1 ]]; then
   build_k8s_set k8s-node node kubelet kube-scheduler kube-proxy
   build_coredns
+  # Only the real node's tests scrape with it.
+  build_prometheus
 fi
 log "all binaries ready in ${cache} ($((SECONDS - started))s)"
 if [[ "${1:-}" == "--print" ]]; then
-  printf 'K8S_BIN=%s\nETCD_BIN=%s\nHELM_BIN=%s\nPROMTOOL_BIN=%s\nNODE_BIN=%s\nCOREDNS_BIN=%s\n' \
+  printf 'K8S_BIN=%s\nETCD_BIN=%s\nHELM_BIN=%s\nPROMTOOL_BIN=%s\nPROMETHEUS_BIN=%s\nNODE_BIN=%s\nCOREDNS_BIN=%s\n' \
     "${cache}/k8s-${K8S_VERSION}/bin" "${cache}/etcd-${ETCD_VERSION}/bin" \
-    "${cache}/helm-${HELM_VERSION}/bin" "${cache}/promtool-debian/bin" \
+    "${cache}/helm-${HELM_VERSION}/bin" "${cache}/promtool-debian/bin" "${cache}/prometheus-${PROMETHEUS_VERSION}/bin" \
     "${cache}/k8s-node-${K8S_VERSION}/bin" "${cache}/coredns-${COREDNS_VERSION}/bin"
 fi
