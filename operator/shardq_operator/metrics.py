@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
 
+from shardq.coordination.takeovers import TakeoverReason
+
 RECONCILES = Counter("shardq_operator_reconciles", "Reconciles of a ShardqCluster", ["cluster"])
 RECONCILE_ERRORS = Counter("shardq_operator_reconcile_errors", "Reconciles that failed (retried)", ["cluster"])
 TAKEOVERS = Counter(
@@ -23,6 +25,22 @@ FAILOVER_SECONDS = Histogram(
     ["cluster"],
     buckets=(0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60),
 )
+
+MOVE_PHASES = ("started", "finished")
+
+
+def export_cluster(cluster: str) -> None:
+    """Export every series of a cluster at zero before anything happens to it. A series
+    that first appears already at 1 hides that increment from rate() and increase()
+    (Prometheus has no earlier sample to compare with): the dashboard would never show a
+    cluster's first failover, takeover, replica move or reconcile error, and the errors
+    line would be missing instead of 0."""
+    RECONCILE_ERRORS.labels(cluster)
+    FAILOVER_SECONDS.labels(cluster)
+    for reason in TakeoverReason:
+        TAKEOVERS.labels(cluster, reason.value)
+    for phase in MOVE_PHASES:
+        REPLICA_MOVES.labels(cluster, phase)
 
 
 def serve_metrics(address: str, port: int) -> None:

@@ -148,6 +148,7 @@ class Reconciler:
     def reconcile(self, namespace: str, name: str) -> Tick:
         label = f"{namespace}/{name}"
         with self._lock(namespace, name):
+            metrics.export_cluster(label)
             metrics.RECONCILES.labels(label).inc()
             try:
                 return self._reconcile(namespace, name)

@@ -135,6 +135,9 @@ class HostedShard:
         self.released = metrics.RELEASED.labels(*labels)
         self.expired = metrics.EXPIRED.labels(*labels)
         self.dead_lettered = metrics.DEAD_LETTERED.labels(*labels, receiving.DEAD_LETTER_REASON_MAX_RECEIVES)
+        # Exported at 0 from the start, as every counter above: the refusals an alert watches
+        # must show as an increase (a series first scraped at 1 hides them from rate()).
+        metrics.SENDS_REFUSED.labels(*labels, Reason.QUEUE_FULL.value)
         self._commits = metrics.COMMITS.labels(*labels)
         self._batch = metrics.COMMIT_BATCH.labels(*labels)
         self.bytes_in = metrics.BYTES_IN.labels(*labels)
