@@ -32,7 +32,14 @@ def _id_problem(name: str, value: str) -> tuple[str, str] | None:
 
 
 def _message_problem(
-    config: QueueConfig, body: bytes, attributes: Mapping[str, str], group_id: str, dedup_id: str, delay: int
+    config: QueueConfig,
+    body: bytes,
+    attributes: Mapping[str, str],
+    group_id: str,
+    dedup_id: str,
+    delay: int,
+    *,
+    reserved_allowed: bool = False,
 ) -> tuple[str, str] | None:
     """(field suffix, what is wrong) for the first problem, or None."""
     attribute_bytes = 0
@@ -42,7 +49,7 @@ def _message_problem(
         for key, value in attributes.items():
             if not key or len(key) > MAX_ATTRIBUTE_KEY_CHARS:
                 return "attributes", f"keys must be 1..{MAX_ATTRIBUTE_KEY_CHARS} characters"
-            if key.startswith(RESERVED_ATTRIBUTE_PREFIX):
+            if key.startswith(RESERVED_ATTRIBUTE_PREFIX) and not reserved_allowed:
                 return "attributes", f"keys starting with {RESERVED_ATTRIBUTE_PREFIX!r} are reserved for shardq"
             attribute_bytes += len(key.encode()) + len(value.encode())
         if attribute_bytes > MAX_ATTRIBUTES_BYTES:
@@ -70,10 +77,14 @@ def validate_message(
     group_id: str,
     dedup_id: str,
     delay_ms: int | None,
+    reserved_allowed: bool = False,
 ) -> NewMessage:
-    """Check one message of a send batch; `index` names it in the error."""
+    """Check one message of a send batch; `index` names it in the error.
+
+    `reserved_allowed`: a batch forwarded by another server may carry reserved attributes
+    (a dead letter it moves to a DLQ led here); that server refused them from its clients."""
     delay = config.delivery_delay_ms if delay_ms is None else delay_ms
-    problem = _message_problem(config, body, attributes, group_id, dedup_id, delay)
+    problem = _message_problem(config, body, attributes, group_id, dedup_id, delay, reserved_allowed=reserved_allowed)
     if problem is not None:
         raise InvalidArgument(f"messages[{index}].{problem[0]}", problem[1])
     return NewMessage(body, dict(attributes) if attributes else {}, group_id, dedup_id, delay)

@@ -184,6 +184,19 @@ class RedriveProgress:
     done: bool
 
 
+async def _messages_in(queue: HostedQueue) -> int:
+    """Every message of the queue, on every shard: those led here, and the other shards'
+    as their leaders count them. A leader that cannot be asked fails the count: a redrive
+    that silently skipped its shards would report the DLQ empty while it is not."""
+    local = await asyncio.to_thread(queue.stats)
+    present = sum(stats.messages - stats.dead_letter_pending for _, stats in local)
+    if queue.router is not None:
+        for leader in queue.remote_leaders():
+            remote = await queue.router.calls.queue_attributes(leader, queue.config.name, timeout_s=10)
+            present += sum(shard.visible + shard.in_flight + shard.delayed for shard in remote.shards)
+    return present
+
+
 async def redrive(
     host: QueueHost, *, source: str, destination: str, rate_per_second: float, max_messages: int
 ) -> AsyncIterator[RedriveProgress]:
@@ -194,7 +207,7 @@ async def redrive(
         raise InvalidArgument("rate_per_second", "must be >= 0")
     from_queue = host.get(source)
     to_queue = host.get(destination)
-    present = sum(stats.messages - stats.dead_letter_pending for _, stats in from_queue.stats())
+    present = await _messages_in(from_queue)
     target = min(max_messages, present) if max_messages else present
     moved = 0
     # At a rate, batches of a tenth of a second's worth: 10/s moves one message every

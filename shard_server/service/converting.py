@@ -18,7 +18,11 @@ from shardq.receipts import encode_receipt
 Frame = TypeVar("Frame")
 
 
-def messages_from_proto(config: QueueConfig, messages: Sequence[queue_pb2.MessageToSend]) -> list[NewMessage]:
+def messages_from_proto(
+    config: QueueConfig, messages: Sequence[queue_pb2.MessageToSend], *, forwarded: bool = False
+) -> list[NewMessage]:
+    """The batch's messages, validated; reserved attributes only in a batch another server
+    forwarded (dead letters it moves here)."""
     validate_send_batch(len(messages), sum(len(m.body) for m in messages))
     return [
         validate_message(
@@ -29,6 +33,7 @@ def messages_from_proto(config: QueueConfig, messages: Sequence[queue_pb2.Messag
             group_id=message.group_id,
             dedup_id=message.dedup_id,
             delay_ms=message.delay_ms if message.HasField("delay_ms") else None,
+            reserved_allowed=forwarded,
         )
         for index, message in enumerate(messages)
     ]

@@ -112,7 +112,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
     ) -> queue_pb2.SendMessagesResponse:
         queue = self.host.get(request.queue)
         shard = _pinned_shard(request, queue.config.shards)
-        messages = messages_from_proto(queue.config, request.messages)
+        messages = messages_from_proto(queue.config, request.messages, forwarded=forwarded)
         entries = await queue.send(messages, shard=shard, forwarded=forwarded)
         return send_response_to_proto(entries)
 

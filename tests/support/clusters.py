@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from shardq.coordination.cluster_map import (
     CLUSTER_FILE,
@@ -60,15 +60,18 @@ class Cluster:
         lease_ms: int = LEASE_MS,
         kubernetes: KubernetesLeases | None = None,
         spare_servers: tuple[str, ...] = (),
+        more_queues: Sequence[tuple[QueueEntry, list[list[str]]]] = (),
     ) -> None:
         """A local lease file by default; with `kubernetes`, Lease objects in its namespace.
-        `spare_servers` are in the map but hold no replica (yet): room to move replicas to."""
+        `spare_servers` are in the map but hold no replica (yet): room to move replicas to.
+        `more_queues`: queues besides `orders`, each with its placement."""
         root.mkdir(parents=True, exist_ok=True)
         self.root = root
         self.lease_ms = lease_ms
         self.kubernetes = kubernetes
         self.placement = placement or PLACEMENT
-        servers = sorted({server for replicas in self.placement for server in replicas} | set(spare_servers))
+        placed = [*self.placement, *(replicas for _, placement in more_queues for replicas in placement)]
+        servers = sorted({server for replicas in placed for server in replicas} | set(spare_servers))
         self.servers = servers
         self.ports = {server: free_port() for server in servers}
         self.metrics_ports = {server: free_port() for server in servers}
@@ -93,6 +96,7 @@ class Cluster:
             ),
             placement=self.placement,
             lease_duration_ms=lease_ms,
+            more_queues=more_queues,
         )
 
     def endpoint(self, server: str) -> str:
@@ -159,13 +163,14 @@ def seed_cluster(
     placement: list[list[str]],
     lease_duration_ms: int,
     now_ms: int | None = None,
+    more_queues: Sequence[tuple[QueueEntry, list[list[str]]]] = (),
 ) -> ClusterMap:
-    """Write a one-queue cluster map to `path` and each shard's first lease, as the
-    supervisor or the operator would: the placement's first replica leads in epoch 1."""
+    """Write a cluster map of `queue` (and `more_queues`) to `path` and each shard's first
+    lease, as the supervisor or the operator would: the placement's first replica leads in epoch 1."""
     cluster = ClusterMap(
         servers={server: ServerEntry(server, address) for server, address in servers.items()},
-        queues=[queue],
-        placement={queue.name: placement},
+        queues=[queue, *(entry for entry, _ in more_queues)],
+        placement={queue.name: placement, **{entry.name: more for entry, more in more_queues}},
         lease_duration_ms=lease_duration_ms,
     )
     write_cluster_map(path, cluster)
