@@ -403,6 +403,10 @@ def test_prometheus_scrapes_every_pod_has_every_panel_and_alerts_on_a_leaderless
 
             # The only replica's server hangs.
             (victim,) = leaders_of(prom, namespace, "single-copy")
+            led = {
+                (series["metric"]["queue"], series["metric"]["shard"])
+                for series in prom.query(f'shardq_shard_leader{{namespace="{namespace}", pod="{victim}"}} == 1')
+            }
             stopped = server_process(namespace, victim)
             os.kill(stopped, signal.SIGSTOP)
             hung_at = time.monotonic()
@@ -426,13 +430,23 @@ def test_prometheus_scrapes_every_pod_has_every_panel_and_alerts_on_a_leaderless
                 for a in prom.alerts()
                 if a["labels"]["alertname"] == "ShardqShardWithoutLeader" and a["state"] == "firing"
             }
-            assert firing_alerts == {("single-copy", "0")}, "only the shard with no live replica"
-            progress(started, f"ShardqShardWithoutLeader firing {time.monotonic() - hung_at:.1f}s after the hang")
+            # Only shards the hung server led: the replicated ones among them fire too
+            # when no other replica serves them within `for` (on this shared machine under
+            # load a failover has taken longer); a shard led elsewhere never does.
+            assert ("single-copy", "0") in firing_alerts
+            assert firing_alerts <= led, f"fired for shards {victim} did not lead: {firing_alerts - led}"
+            progress(
+                started,
+                f"ShardqShardWithoutLeader firing {time.monotonic() - hung_at:.1f}s after the hang for "
+                f"{sorted(firing_alerts)} (the hung server led {sorted(led)})",
+            )
 
             os.kill(stopped, signal.SIGCONT)
             stopped = None
             woke_at = time.monotonic()
-            wait_for_alert(prom, "ShardqShardWithoutLeader", state=None, timeout=ALERT_S, matching=alert)
+            wait_for_alert(
+                prom, "ShardqShardWithoutLeader", state=None, timeout=ALERT_S, matching={"namespace": namespace}
+            )
             assert leaders_of(prom, namespace, "single-copy") == {victim}
             progress(started, f"ShardqShardWithoutLeader resolved {time.monotonic() - woke_at:.1f}s after SIGCONT")
 
