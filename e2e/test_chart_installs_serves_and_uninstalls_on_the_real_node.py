@@ -80,9 +80,9 @@ def leftovers(api: client.ApiClient, namespace: str) -> dict[str, list[str]]:
     return {kind: items for kind, items in found.items() if items}
 
 
-def release_cluster_objects(api: client.ApiClient) -> list[str]:
+def release_cluster_objects(api: client.ApiClient, release: str = RELEASE) -> list[str]:
     rbac = client.RbacAuthorizationV1Api(api)
-    selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/managed-by=Helm"
+    selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/managed-by=Helm"
     return sorted(
         [f"clusterrole/{r.metadata.name}" for r in rbac.list_cluster_role(label_selector=selector).items]
         + [
