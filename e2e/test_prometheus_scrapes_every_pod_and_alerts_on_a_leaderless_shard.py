@@ -38,6 +38,7 @@ from kubernetes.client.exceptions import ApiException
 from e2e.binaries import Binaries, require
 from e2e.helm import CHART, helm, render
 from e2e.polling import wait_for
+from e2e.processes import server_pid
 from e2e.prometheus import (
     Prometheus,
     build_config,
@@ -176,23 +177,6 @@ def unscraped_pods(prometheus: Prometheus, api: client.ApiClient, namespace: str
                 target = targets.get(name)
                 missing[name] = "no target" if target is None else f"{target['health']}: {target['lastError']}"
     return missing
-
-
-def server_process(namespace: str, pod: str) -> int:
-    """The host PID of pod `pod`'s `shardq serve` process: not tini (PID 1 in the
-    container, whose command line names the same server), which would stop alone."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            arguments = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"tini" in arguments[0] or b"serve" not in arguments:
-            continue
-        if pod.encode() in arguments and namespace.encode() in arguments:
-            return int(entry.name)
-    raise AssertionError(f"no shardq serve process for {pod} in {namespace}")
 
 
 def fill(expr: str, namespace: str) -> str:
@@ -376,7 +360,7 @@ def test_prometheus_scrapes_every_pod_has_every_panel_and_alerts_on_a_leaderless
             replicated = (leaders_of(prom, namespace, "orders") | leaders_of(prom, namespace, "orders-dlq")) - lonely
             assert replicated, "a server other than single-copy's leads a replicated shard"
             killed = sorted(replicated)[0]
-            os.kill(server_process(namespace, killed), signal.SIGKILL)
+            os.kill(server_pid(namespace, killed), signal.SIGKILL)
             failovers = f"shardq_operator_failover_seconds_count{{{cluster_label}}}"
             wait_for(lambda: (one_value(prom, failovers) or 0) > 0, timeout=ALERT_S, what="a failover observed")
             wait_for(lambda: queues_settled(api, namespace), timeout=READY_S, what="the Queues in sync again")
@@ -407,7 +391,7 @@ def test_prometheus_scrapes_every_pod_has_every_panel_and_alerts_on_a_leaderless
                 (series["metric"]["queue"], series["metric"]["shard"])
                 for series in prom.query(f'shardq_shard_leader{{namespace="{namespace}", pod="{victim}"}} == 1')
             }
-            stopped = server_process(namespace, victim)
+            stopped = server_pid(namespace, victim)
             os.kill(stopped, signal.SIGSTOP)
             hung_at = time.monotonic()
             progress(started, f"{victim} (single-copy's only replica) SIGSTOPped")
