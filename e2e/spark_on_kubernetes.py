@@ -110,6 +110,10 @@ class Submission:
     name: str = "shardq-report"
     executors: int = 2
     driver_memory: str = "512m"
+    # Beyond the JVM's heap the driver pod holds the job's Python (pandas, pyarrow,
+    # matplotlib for the plots) and the data source's planner: Spark's default overhead
+    # (384 MiB) got it OOM-killed at its 896 MiB limit.
+    driver_memory_overhead: str = "1g"
     executor_memory: str = "512m"
     # The node's two cores are shared: ask for little, use what is free.
     cpu_request: str = "100m"
@@ -136,6 +140,7 @@ class Submission:
             "spark.kubernetes.driver.request.cores": self.cpu_request,
             "spark.kubernetes.executor.request.cores": self.cpu_request,
             "spark.driver.memory": self.driver_memory,
+            "spark.driver.memoryOverhead": self.driver_memory_overhead,
             "spark.executor.memory": self.executor_memory,
             "spark.sql.session.timeZone": "UTC",
             # One task per shard; more shuffle partitions only add scheduling on two cores.
@@ -759,7 +764,10 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
     memory = record["memory"]
 
     def peaks(pods: list[dict[str, Any]]) -> str:
-        shown = (f"{pod['peak_rss_mib']} MiB RSS ({pod['peak_mib']} MiB with page cache)" for pod in pods)
+        shown = (
+            f"{pod['peak_rss_mib']} MiB RSS ({pod['peak_mib']} MiB with page cache) of {pod['limit_mib']} MiB"
+            for pod in pods
+        )
         return ", ".join(shown) or "none seen"
 
     executors, drivers = peaks(memory["executors"]), peaks(memory["driver"])
@@ -767,8 +775,7 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
         f"image {image['name']}: build/reuse {image['build_or_reuse_seconds']} s, import {image['import_seconds']} s",
         f"shardq cluster + workload: {seconds['cluster_and_workload']} s",
         f"spark-submit -> report written: {seconds['spark_submit_to_done']} s",
-        f"peak memory of {memory['driver'][0]['limit_mib'] if memory['driver'] else '?'} MiB limits: "
-        f"driver {drivers}; executors {executors}",
+        f"peak memory: driver {drivers}; executors {executors}",
         f"whole run {record['whole_run_seconds']} s; report in {record['report_dir']}",
     ]
 

@@ -104,6 +104,7 @@ def test_the_example_spark_application_submits_what_the_command_submits() -> Non
         "spark.kubernetes.driver.request.cores": driver["coreRequest"],
         "spark.kubernetes.executor.request.cores": executor["coreRequest"],
         "spark.driver.memory": driver["memory"],
+        "spark.driver.memoryOverhead": driver["memoryOverhead"],
         "spark.executor.memory": executor["memory"],
         **{
             f"{mount.format(role)}.mount.path": next(
