@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 TICK_S = 1.0
 STANDBY_RETRY_S = 2
+STANDBY_MESSAGE = "another operator replica leads; standing by"
 _state: dict[str, object] = {}
 
 
@@ -52,7 +53,19 @@ def _require_leading() -> None:
     """Handlers that must run once (creation, deletion) wait while another replica leads;
     kopf retries them, and the leader's own run marks them done."""
     if not _leading():
-        raise kopf.TemporaryError("another operator replica leads; standing by", delay=STANDBY_RETRY_S)
+        raise kopf.TemporaryError(STANDBY_MESSAGE, delay=STANDBY_RETRY_S)
+
+
+class StandbyIsNotAnError(logging.Filter):
+    """Drops kopf's "failed temporarily" records of a standby replica's waiting handlers.
+
+    kopf logs every TemporaryError at ERROR and posts it as an Event on the object: a
+    healthy standby would fill its log with an error every two seconds per object and
+    the Queues' Events with warnings, for waiting as it should. Leadership changes are
+    logged by OperatorLeadership instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return STANDBY_MESSAGE not in record.getMessage()
 
 
 @kopf.on.login()

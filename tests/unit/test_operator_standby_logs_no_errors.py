@@ -1,0 +1,30 @@
+"""A standby operator replica waits without logging errors: kopf's "failed temporarily"
+records of its waiting handlers are dropped, every other record of kopf's is kept."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from shardq_operator.handlers import STANDBY_MESSAGE, StandbyIsNotAnError
+
+
+@pytest.fixture
+def kopf_objects(caplog: pytest.LogCaptureFixture) -> logging.Logger:
+    logger = logging.getLogger("kopf.objects.test-standby")
+    logger.addFilter(StandbyIsNotAnError())
+    caplog.set_level(logging.DEBUG, logger=logger.name)
+    return logger
+
+
+def test_a_standby_handler_waiting_is_not_logged(
+    kopf_objects: logging.Logger, caplog: pytest.LogCaptureFixture
+) -> None:
+    # As kopf words a TemporaryError of a handler.
+    kopf_objects.error("Handler 'queue_changed' failed temporarily: %s", STANDBY_MESSAGE)
+    assert caplog.records == []
+
+
+def test_other_handler_errors_are_still_logged(kopf_objects: logging.Logger, caplog: pytest.LogCaptureFixture) -> None:
+    kopf_objects.error("Handler 'queue_changed' failed temporarily: the API server refused the patch")
+    assert [record.levelno for record in caplog.records] == [logging.ERROR]
