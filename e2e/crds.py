@@ -45,3 +45,34 @@ def install_crds(api: client.ApiClient) -> list[str]:
 
     wait_for(established, timeout=60, what="the shardq CRDs to be established")
     return names
+
+
+SHARDQ_PLURALS = ("queues", "shardqclusters", "shards")
+
+
+def release_finalizers(api: client.ApiClient, namespace: str) -> int:
+    """Remove the operator's finalizers from the shardq objects left in `namespace`, as a
+    user does whose operator is gone (a test's operator stops before its namespace is
+    deleted): otherwise the namespace stays Terminating for good. Returns how many."""
+    custom = client.CustomObjectsApi(api)
+    released = 0
+    for plural in SHARDQ_PLURALS:
+        try:
+            items = custom.list_namespaced_custom_object("shardq.io", "v1alpha1", namespace, plural)["items"]
+        except ApiException as error:
+            if error.status == 404:
+                continue  # the CRDs are not installed
+            raise
+        for item in items:
+            if not item["metadata"].get("finalizers"):
+                continue
+            try:
+                custom.patch_namespaced_custom_object(
+                    "shardq.io", "v1alpha1", namespace, plural, item["metadata"]["name"],
+                    {"metadata": {"finalizers": None}},
+                )  # fmt: skip
+                released += 1
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+    return released
