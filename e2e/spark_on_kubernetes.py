@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -54,7 +53,6 @@ from e2e.polling import wait_for
 from e2e.realnode import Layout, NodeInfo, recycle_released_volumes, state_dir, status
 from e2e.spark_image import APPLICATION, SPARK_UID, build_spark_image, ensure_imported
 from shardq import Client, Message, ShardqError
-from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 
 GROUP, VERSION = "shardq.io", "v1alpha1"
 RESULTS = REPO_ROOT / "bench" / "results" / "spark-on-kubernetes.json"
@@ -276,44 +274,10 @@ def _send(client_: Client, label: str, count: int) -> set[str]:
     return ids
 
 
-def shard_beside_the_dead_letter_queue(api: client.ApiClient, namespace: str) -> int:
-    """A shard of QUEUE led by the pod that leads the dead-letter queue.
-
-    Why: a server hands a dead letter to a dead-letter queue led by another server
-    through the public send, which refuses the `shardq.` attributes a dead letter
-    carries (INVALID_ARGUMENT, retried forever), so such messages never reach the DLQ.
-    Until that is fixed the poison messages go to a shard whose dead letters stay on
-    one server; everything else (and the Spark read) still spans both servers."""
-    shards = client.CustomObjectsApi(api).list_namespaced_custom_object(GROUP, VERSION, namespace, "shards")["items"]
-    leaders = {(s["spec"]["queue"], s["spec"]["index"]): s.get("status", {}).get("leader", "") for s in shards}
-    beside = sorted(
-        index
-        for (queue, index), leader in leaders.items()
-        if queue == QUEUE and leader == leaders[(DEAD_LETTER_QUEUE, 0)]
-    )
-    if not beside:
-        raise RuntimeError(f"no shard of {QUEUE} is led beside {DEAD_LETTER_QUEUE}: {leaders}")
-    return beside[0]
-
-
-def _send_to_shard(endpoint: str, label: str, count: int, shard: int) -> set[str]:
-    with grpc.insecure_channel(endpoint) as channel:
-        stub = queue_pb2_grpc.QueueServiceStub(channel)
-        messages = [
-            queue_pb2.MessageToSend(body=f"{label}-{n}".encode(), dedup_id=f"{label}-{n}") for n in range(count)
-        ]
-        response = stub.SendMessages(
-            queue_pb2.SendMessagesRequest(queue=QUEUE, shard=shard, messages=messages), timeout=30
-        )
-    failed = [result.error for result in response.results if result.HasField("error")]
-    if failed:
-        raise RuntimeError(f"sending {label} messages to shard {shard} failed: {failed[0]}")
-    return {result.message_id for result in response.results}
-
-
-def run_workload(endpoint: str, *, poison_shard: int, timeout: float = 120.0) -> None:
-    """PROCESSED messages received once and deleted, POISON (all on `poison_shard`)
-    received MAX_RECEIVE_COUNT times and dead-lettered, PENDING sent last and never received."""
+def run_workload(endpoint: str, *, timeout: float = 120.0) -> None:
+    """PROCESSED messages received once and deleted, POISON received MAX_RECEIVE_COUNT
+    times and dead-lettered (from every shard: some led beside the dead-letter queue,
+    some not), PENDING sent last and never received."""
     with Client(endpoint, route_directly=False) as producer:
         processed = _send(producer, "processed", PROCESSED)
         received: dict[str, str] = {}
@@ -334,7 +298,7 @@ def run_workload(endpoint: str, *, poison_shard: int, timeout: float = 120.0) ->
             if not all(result.ok for result in producer.delete_messages(QUEUE, receipts[first : first + 10])):
                 raise RuntimeError("a delete of a processed message failed")
 
-        poison = _send_to_shard(endpoint, "poison", POISON, poison_shard)
+        poison = _send(producer, "poison", POISON)
         receives = dict.fromkeys(poison, 0)
 
         def all_dead_lettered() -> bool:
@@ -690,7 +654,7 @@ def _run_in_namespace(
     cluster_ready_s = time.monotonic() - started
     service = naming.client_service(CLUSTER)
     service_ip = client.CoreV1Api(api).read_namespaced_service(service, namespace).spec.cluster_ip
-    run_workload(f"{service_ip}:{naming.GRPC_PORT}", poison_shard=shard_beside_the_dead_letter_queue(api, namespace))
+    run_workload(f"{service_ip}:{naming.GRPC_PORT}")
     setup_s = time.monotonic() - started
     log(f"shardq cluster Ready in {cluster_ready_s:.1f}s, workload sent in {setup_s - cluster_ready_s:.1f}s")
 
