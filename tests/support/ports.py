@@ -12,12 +12,24 @@ import socket
 LOOPBACK = "127.0.0.1"
 
 
+# Below the kernel's ephemeral range (32768 and up here), where outgoing connections and
+# other programs' port-0 listeners take theirs, and below free_port_block's range.
+FREE_PORTS = range(10_000, 20_000)
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A port the kernel just handed out on loopback, and released."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A loopback port free at the moment of the probe, never handed out twice in this
+    process: a port the kernel hands out for port 0 is released at once, and the next
+    call (a cluster's second server) or another program could be handed it again; one
+    test lost a server that way to a listener that took its port first."""
+    rng = random.Random()
+    for _ in range(1_000):
+        port = rng.choice(FREE_PORTS)
+        if port not in _handed_out and port_is_free(port):
+            _handed_out.add(port)
+            return port
+    raise AssertionError(f"no free port in {FREE_PORTS}")
 
 
 def free_port_block(count: int) -> tuple[int, int]:
