@@ -26,14 +26,11 @@ import math
 import os
 import signal
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from e2e.binaries import Binaries, require
 from e2e.helm import CHART, helm, render
@@ -47,7 +44,7 @@ from e2e.prometheus import (
     running_prometheus,
     wait_for_alert,
 )
-from e2e.realnode import RunningNode, recycle_released_volumes
+from e2e.realnode import RunningNode
 from shardq.client import Client
 from shardq.errors import QueueFull
 from shardq.types import Message
@@ -242,33 +239,14 @@ def send_receive_and_dead_letter(endpoint: str) -> None:
         assert all(r.ok for r in shardq.delete_messages("single-copy", [m.receipt for m in drained]))
 
 
-@pytest.fixture
-def prom_namespace(real_node: RunningNode) -> Iterator[str]:
-    """A fresh namespace (prefix prom-), deleted with everything in it after the test."""
-    name = f"prom-{uuid.uuid4().hex[:10]}"
-    with real_node.info.api_client() as api:
-        if real_node.layout is not None:
-            recycle_released_volumes(api, real_node.layout)
-        client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    try:
-        yield name
-    finally:
-        with real_node.info.api_client() as api:
-            try:
-                client.CoreV1Api(api).delete_namespace(name)
-            except ApiException as error:
-                if error.status != 404:
-                    raise
-
-
 def test_prometheus_scrapes_every_pod_has_every_panel_and_alerts_on_a_leaderless_shard(
-    real_node: RunningNode, prom_namespace: str, binaries: Binaries, tmp_path: Path
+    real_node: RunningNode, node_namespace: str, binaries: Binaries, tmp_path: Path
 ) -> None:
     require(binaries.prometheus, binaries.helm)
     if real_node.layout is None:
         pytest.skip("the faults are signals to the servers' processes through this host's /proc (the real node)")
-    namespace = prom_namespace
-    release = f"promtest-{namespace.removeprefix('prom-')[:6]}"
+    namespace = node_namespace
+    release = f"promtest-{namespace.removeprefix('node-')[:6]}"
     repository, tag = real_node.info.shardq_image.rsplit(":", 1)
     values = (
         f"image.repository={repository}",
