@@ -80,6 +80,7 @@ def operator_command(
     # kopf reads --namespace values as patterns; only plain names need no namespace listing.
     named = bool(namespaces) and not any(set(n) & set("*?!,") for n in namespaces)
     handlers.use(Reconciler(Kube(api)), leadership, named_namespaces=named)
+    leadership.keep_renewing()
     if metrics_port:
         try:
             metrics.serve_metrics(metrics_host, metrics_port)

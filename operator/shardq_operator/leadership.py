@@ -51,6 +51,25 @@ class OperatorLeadership:
         self._serving_until_ms = 0
         self._renewed_at_ms = 0
         self._was_leading = False
+        self._stop_renewing = threading.Event()
+
+    def keep_renewing(self) -> threading.Thread:
+        """Renew (or try to take) the Lease every quarter lease on a thread of its own.
+
+        Renewing only when a handler asks would tie the Lease to the reconcile loop: one
+        pass slower than the lease (a loaded node, a slow API server) and the standby takes
+        over, then this replica takes it back at its next pass; leadership flapped between
+        the replicas that way while pods rolled. The thread stops with `stop_renewing`."""
+        thread = threading.Thread(target=self._renew_loop, name="operator-lease", daemon=True)
+        thread.start()
+        return thread
+
+    def stop_renewing(self) -> None:
+        self._stop_renewing.set()
+
+    def _renew_loop(self) -> None:
+        while not self._stop_renewing.wait(self.duration_ms / 4 / 1000):
+            self.leading()
 
     def leading(self) -> bool:
         """Whether this replica may act now (acquiring or renewing the Lease as needed)."""

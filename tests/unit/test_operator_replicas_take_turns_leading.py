@@ -53,3 +53,29 @@ def test_a_silent_leader_is_replaced_and_then_stops_acting(store: LocalLeaseStor
     assert lease is not None
     assert (lease.holder, lease.transitions) == ("op-b", 2)
     assert not first.leading()  # it comes back: the lease is op-b's now
+
+
+def test_a_leader_keeps_its_lease_while_its_handlers_are_busy(store: LocalLeaseStore) -> None:
+    """Renewal does not wait for a handler to ask: a reconcile pass longer than the lease
+    (nobody calls leading() meanwhile) does not hand the operator to the standby."""
+    first = OperatorLeadership(store, identity="op-a", duration_ms=DURATION_MS)
+    second = OperatorLeadership(store, identity="op-b", duration_ms=DURATION_MS)
+    assert first.leading()
+    renewer = first.keep_renewing()
+    try:
+        deadline = time.monotonic() + 4 * DURATION_MS / 1000
+        while time.monotonic() < deadline:
+            assert not second.leading()
+            time.sleep(DURATION_MS / 4000)
+        lease = store.get("shardq-operator")
+        assert lease is not None
+        assert (lease.holder, lease.transitions) == ("op-a", 1)
+    finally:
+        first.stop_renewing()
+        renewer.join(timeout=5)
+    assert not renewer.is_alive()
+    # Once it stops renewing (stopped, hung), the standby takes over as before.
+    taken_over = time.monotonic() + 3
+    while not second.leading():
+        assert time.monotonic() < taken_over, "op-b never took over"
+        time.sleep(0.02)
