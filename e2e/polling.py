@@ -17,13 +17,15 @@ def wait_for(
     interval: float = 0.1,
     retry_on: tuple[type[Exception], ...] = (),
     check: Callable[[], None] | None = None,
+    explain: Callable[[], str] | None = None,
 ) -> T:
     """Call `probe` until it returns something other than None or False, and return that.
 
     Exceptions of the `retry_on` types count as "not yet"; any other propagates at once.
     `check` runs before every probe and may raise to stop waiting early (for example when
     a control-plane process has died). Raises TimeoutError naming `what` after `timeout`
-    seconds, with the last retried exception, if any, as its cause.
+    seconds, with the last retried exception, if any, as its cause, and what `explain`
+    returns then (the state at the timeout, not at the start of the wait).
     """
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
@@ -39,5 +41,6 @@ def wait_for(
                 return result
             last_error = None
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}") from last_error
+            details = f"\n{explain()}" if explain is not None else ""
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}{details}") from last_error
         time.sleep(interval)

@@ -133,7 +133,7 @@ class Scenario:
                 and all(queue_ready(self.api, self.namespace, spec.name) for spec in CHECKED)
             )
 
-        wait_for(settled, timeout=timeout, interval=1.0, what=f"{what}\n{self.operator_logs()}")
+        wait_for(settled, timeout=timeout, interval=1.0, what=what, explain=self.operator_logs)
 
     def wait_failed_over(self, queue: str, index: int, victim: str, epoch: int) -> str:
         def failed_over() -> str | None:
@@ -166,7 +166,8 @@ def wait_for_progress(workload: Workload, scenario: Scenario, *, after: str) -> 
         lambda: workload.ok_operations() >= start + PROGRESS_AFTER_FAULT,
         timeout=FAILOVER_S,
         interval=0.2,
-        what=f"{PROGRESS_AFTER_FAULT} acknowledged operations after {after}\n{scenario.operator_logs()}",
+        what=f"{PROGRESS_AFTER_FAULT} acknowledged operations after {after}",
+        explain=scenario.operator_logs,
     )
     scenario.note(f"workload progressed after {after} ({workload.ok_operations()} acknowledged operations)")
 
@@ -227,7 +228,7 @@ def roll_the_pods(scenario: Scenario) -> None:
             and all(pods[name] != uid for name, uid in before.items())
         )
 
-    wait_for(rolled, timeout=SCALE_S, interval=1.0, what=f"every pod replaced\n{scenario.operator_logs()}")
+    wait_for(rolled, timeout=SCALE_S, interval=1.0, what="every pod replaced", explain=scenario.operator_logs)
     scenario.note(f"the new pod template rolled out: all {len(before)} pods replaced by the rolling update")
 
 
@@ -288,7 +289,8 @@ def test_faults_and_scaling_under_load_lose_nothing(scenario: Scenario, tmp_path
                 lambda: client.AppsV1Api(api).read_namespaced_stateful_set("main-shardq", namespace).spec.replicas == 3,
                 timeout=SCALE_S,
                 interval=1.0,
-                what=f"the StatefulSet shrunk once replicas moved off\n{scenario.operator_logs()}",
+                what="the StatefulSet shrunk once replicas moved off",
+                explain=scenario.operator_logs,
             )
             scenario.wait_settled("back to 3 servers", servers=3)
             leaders = {

@@ -10,8 +10,9 @@ trusting it:
    image's shardq client, every call recorded) run through:
    a leader pod deleted; a leader's server SIGKILLed in its container; a leader paused with
    SIGSTOP past its lease, then SIGCONT; the leading operator's pod killed (SIGKILL) together
-   with a leader server, so the standby operator must finish that failover; the servers
-   scaled 3 -> 5 -> 3; `helm upgrade` to a new operator image (the server pods must not
+   with a leader server, so the standby operator must finish that failover; a new pod
+   template rolled out (every server replaced one at a time, each handing its leadership
+   off); the servers scaled 3 -> 5 -> 3; `helm upgrade` to a new operator image (the server pods must not
    restart); and on `payments` a poison message dead-lettered, then redriven with the CLI and
    processed. The history checker must find nothing: no acknowledged message lost, nothing
    deleted delivered again, one holder per message, FIFO order kept.
@@ -224,7 +225,7 @@ class Platform:
                 and all(queue_ready(self.api, self.namespace, name) for name in QUEUES)
             )
 
-        wait_for(settled, timeout=timeout, interval=1.0, what=f"{what}\n{self.operator_logs()}")
+        wait_for(settled, timeout=timeout, interval=1.0, what=what, explain=self.operator_logs)
 
     def wait_failed_over(self, queue: str, index: int, victim: str, epoch: int) -> str:
         def failed_over() -> str | None:
@@ -300,7 +301,8 @@ def wait_for_progress(platform: Platform, jobs: tuple[WorkloadJob, ...], *, afte
         progressed,
         timeout=FAILOVER_S,
         interval=0.5,
-        what=f"{PROGRESS_AFTER_FAULT} acknowledged operations of each Job after {after}\n{platform.operator_logs()}",
+        what=f"{PROGRESS_AFTER_FAULT} acknowledged operations of each Job after {after}",
+        explain=platform.operator_logs,
     )
     platform.note(f"the Jobs progressed after {after}: {[job.acknowledged() for job in jobs]} acknowledged")
 
@@ -352,6 +354,27 @@ def kill_the_leading_operator_with_a_leader(platform: Platform) -> None:
     platform.note(f"operator pod {operator} killed with fifo.0's leader {victim}: {now_leading} acts, {leader} leads")
 
 
+def roll_the_pods(platform: Platform) -> None:
+    """A change that needs new pods (resources): the StatefulSet replaces them one at a
+    time, and each stopping server hands its leadership off first."""
+    before = {pod.metadata.name: pod.metadata.uid for pod in platform.server_pods()}
+    patch = json.dumps({"spec": {"resources": {"requests": {"cpu": "50m", "memory": "64Mi"}}}})
+    platform.kubectl("patch", "shardqcluster", CLUSTER, "--type=merge", "-p", patch)
+
+    def rolled() -> bool:
+        status = platform.apps.read_namespaced_stateful_set(STATEFULSET, platform.namespace).status
+        pods = {pod.metadata.name: pod.metadata.uid for pod in platform.server_pods()}
+        return (
+            status.update_revision == status.current_revision
+            and (status.updated_replicas or 0) == len(before)
+            and set(pods) == set(before)
+            and all(pods[name] != uid for name, uid in before.items())
+        )
+
+    wait_for(rolled, timeout=SETTLE_S, interval=1.0, what="every pod replaced", explain=platform.operator_logs)
+    platform.note(f"a new pod template rolled out: all {len(before)} server pods replaced one at a time")
+
+
 def scale_out_and_back_in(platform: Platform) -> None:
     platform.scale(5)
     platform.wait_settled("replicas spread onto 5 servers", servers=5)
@@ -369,7 +392,8 @@ def scale_out_and_back_in(platform: Platform) -> None:
         lambda: platform.apps.read_namespaced_stateful_set(STATEFULSET, platform.namespace).spec.replicas == 3,
         timeout=SETTLE_S,
         interval=1.0,
-        what=f"the StatefulSet shrunk once replicas moved off\n{platform.operator_logs()}",
+        what="the StatefulSet shrunk once replicas moved off",
+        explain=platform.operator_logs,
     )
     platform.wait_settled("back to 3 servers", servers=3)
     leaders = {
@@ -451,6 +475,7 @@ FAULTS = (
     kill_a_leader_container,
     pause_a_leader_past_its_lease,
     kill_the_leading_operator_with_a_leader,
+    roll_the_pods,
     scale_out_and_back_in,
     upgrade_the_operator,
     dead_letter_a_poison_message_and_redrive_it,
@@ -516,6 +541,10 @@ def test_the_whole_system_keeps_every_message_through_faults_upgrade_and_redrive
     acknowledged = sum(1 for o in operations if o.ok and isinstance(o, Send))
     assert acknowledged > 500, f"only {acknowledged} sends were acknowledged"
     platform.note(f"history checked: {len(operations)} operations, {acknowledged} acknowledged sends, no violation")
+
+    # Everything the operator did is visible as Events.
+    reasons = {event.reason for event in platform.core.list_namespaced_event(namespace).items}
+    assert {"Failover", "ReplicaMoveStarted", "ReplicaMoveFinished"} <= reasons, reasons
 
     # What the user made goes with kubectl delete; the chart's part with helm uninstall.
     platform.kubectl("delete", "jobs,configmaps", "-l", "app.kubernetes.io/name=workload", "--wait=true")
