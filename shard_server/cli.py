@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import logging
 import pathlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -13,6 +13,7 @@ import yaml
 
 from shard_server.logs import configure_logging
 from shard_server.server import ServerSettings, serve
+from shardq import event_loops
 from shardq.coordination.cluster_map import cluster_map_from_text, read_cluster_map
 from shardq.coordination.leases import LeaseStore
 
@@ -54,6 +55,13 @@ def load_queue_file(path: pathlib.Path) -> list[QueueConfig]:
     help="threads running the shards' write transactions; raise it when fsync is slow (network disks)",
 )
 @click.option("--log-format", type=click.Choice(["json", "text"]), default="json", show_default=True)
+@click.option(
+    "--event-loop",
+    type=click.Choice(event_loops.CHOICES),
+    default=event_loops.AUTO,
+    show_default=True,
+    help="the asyncio loop serving calls: uvloop (auto: when installed) takes about a third off gRPC's per-call cost",
+)
 @click.option(
     "--cluster-file",
     type=click.Path(exists=True, dir_okay=False, path_type=pathlib.Path),
@@ -102,6 +110,7 @@ def serve_command(
     map_size: str,
     writer_threads: int,
     log_format: str,
+    event_loop: str,
     cluster_file: pathlib.Path | None,
     server_id: str,
     lease_store: str | None,
@@ -121,6 +130,7 @@ def serve_command(
             cluster = read_cluster_map(cluster_file)
             configs += cluster.queue_configs()
         size = _parse_size(map_size)
+        loop = event_loops.resolve(event_loop)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     if cluster is not None and (not server_id or lease_store is None):
@@ -164,8 +174,9 @@ def serve_command(
             lease_store=leases,
             queues_managed_by=queues_managed_by,
         )
+        logging.getLogger(__name__).info("event loop: %s", loop)
         try:
-            asyncio.run(serve(settings))
+            event_loops.run(serve(settings), choice=loop)
         except ValueError as error:
             raise click.ClickException(str(error)) from None
 

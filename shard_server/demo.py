@@ -27,6 +27,7 @@ import time
 
 import click
 
+from shardq import event_loops
 from shardq.aio import AsyncClient
 from shardq.consumer import ConsumerStats, run_consumer
 from shardq.coordination.local_leases import LocalLeaseStore
@@ -286,7 +287,7 @@ def demo_command(duration: str, rate: float, data_dir: pathlib.Path | None) -> N
             supervisor = subprocess.Popen(command, stdout=log_file, stderr=log_file)
         click.echo(f"supervisor pid {supervisor.pid}; cluster in {directory}; log {log_path}", err=True)
         try:
-            asyncio.run(_run_demo(directory, supervisor, duration_s, rate))
+            event_loops.run(_run_demo(directory, supervisor, duration_s, rate))
         finally:
             if supervisor.poll() is None:
                 supervisor.send_signal(signal.SIGTERM)
