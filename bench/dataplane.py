@@ -46,6 +46,7 @@ from typing import Any
 
 import grpc
 
+from shardq import event_loops
 from shardq.aio import CHANNEL_OPTIONS, AsyncClient
 from shardq.errors import ShardqError
 from shardq.types import Message, ReceivedMessage
@@ -428,7 +429,7 @@ def worker_main(connection: multiprocessing.connection.Connection) -> None:
             run_send_phase(spec) if spec.kind in SEND_KINDS else run_drain_phase(spec)
         )
         try:
-            result = asyncio.run(phase)
+            result = event_loops.run(phase, choice=event_loops.from_environment())
         except Exception as error:  # report any failure to the parent rather than dying silently
             result = {"phase": spec.name, "worker_error": repr(error)}
         connection.send(result)
@@ -628,6 +629,8 @@ def environment(data_root: pathlib.Path) -> dict[str, Any]:
         "protobuf": google.protobuf.__version__,
         "lmdb": lmdb.__version__,
         "shardq_revision": git_revision(),
+        # Clients' loop (SHARDQ_EVENT_LOOP); the server's is `shardq serve --event-loop`, auto = uvloop.
+        "client_event_loop": event_loops.resolve(event_loops.from_environment()),
         "fsync": True,
         "fsync_note": "the server fsyncs every commit; there is no switch to turn it off",
         "data_dir_filesystem": filesystem_type(data_root),
@@ -690,6 +693,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "stream_delete_batch": MAX_RECEIVE_BATCH,
             "max_seconds_per_phase": args.max_seconds,
             "server_profiled": args.profile,
+            "server_args": args.server_arg,
         },
         "environment": environment(data_root),
         "phases": [],
@@ -697,7 +701,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     server: Server | None = None
     workers: dict[str, Worker] = {}
     try:
-        server = start_server(data_root / "data", queue_option, profile_path)
+        server = start_server(data_root / "data", queue_option, profile_path, extra_args=tuple(args.server_arg))
         report["server"] = {"endpoint": server.endpoint, "pid": server.process.pid}
         print(f"server pid {server.process.pid} on {server.endpoint}, data in {data_root}", file=sys.stderr)
         workers = {"producer": start_worker("producer"), "consumer": start_worker("consumer")}
@@ -763,6 +767,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--queue-options", default="shards=4", help="queue spec after 'bench:' for shardq serve")
     parser.add_argument("--max-seconds", type=float, default=120.0, help="time limit per phase")
+    parser.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        help="passed to `shardq serve` (repeat it; --server-arg=--event-loop=asyncio)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--label", default="single-node", help="names the output file dataplane-LABEL.json")
     parser.add_argument("--out", type=pathlib.Path, default=None, help="directory to write dataplane-LABEL.json")

@@ -54,6 +54,7 @@ from typing import Any
 
 import dataplane  # bench/dataplane.py: this script's directory is sys.path[0]
 
+from shardq import event_loops
 from shardq.aio import AsyncClient, ConsumerStream
 from shardq.types import Message
 
@@ -374,6 +375,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[],
         help="passed to `shardq serve` (repeat it; --server-arg=--writer-threads=2)",
     )
+    parser.add_argument(
+        "--client-loop",
+        choices=event_loops.CHOICES,
+        default=event_loops.AUTO,
+        help="this process's event loop (the server's: --server-arg=--event-loop=asyncio)",
+    )
     parser.add_argument("--label", default="default", help="names the output file latency-LABEL.json")
     parser.add_argument("--out", type=pathlib.Path, default=None, help="directory to write latency-LABEL.json")
     args = parser.parse_args(argv)
@@ -402,7 +409,7 @@ def measure_on_fresh_server(args: argparse.Namespace) -> list[dict[str, Any]]:
         root / "data", f"{queue}:shards={args.shards}", None, extra_args=tuple(args.server_arg)
     )
     try:
-        return asyncio.run(measure(args, server, queue, set(args.phases)))
+        return event_loops.run(measure(args, server, queue, set(args.phases)), choice=args.client_loop)
     finally:
         dataplane.stop_process(server.process)
         shutil.rmtree(root, ignore_errors=True)
@@ -426,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         "fsync": True,
         "runs": args.runs,
         "server_args": args.server_arg,
+        "client_loop": event_loops.resolve(args.client_loop),
         "load_average_before_after_each_run": loads,
         "results": results,
     }

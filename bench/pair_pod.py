@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 
-from shardq import AsyncClient
+from shardq import AsyncClient, event_loops
 
 BODY_BYTES = 256
 
@@ -118,7 +118,7 @@ def main() -> int:
     parser.add_argument("--in-flight", type=int, default=32)
     parser.add_argument("--expect", type=int, default=0, help="consumer: messages to receive before stopping")
     arguments = parser.parse_args()
-    result = asyncio.run(main_async(arguments))
+    result = event_loops.run(main_async(arguments), choice=event_loops.from_environment())
     print(json.dumps(result), flush=True)
     return 0
 

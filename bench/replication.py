@@ -59,6 +59,7 @@ import dataplane  # bench/dataplane.py: this script's directory is sys.path[0]
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import grpc
 
+from shardq import event_loops
 from shardq.aio import CHANNEL_OPTIONS, AsyncClient
 from shardq.api.v1 import replication_pb2, replication_pb2_grpc
 from shardq.coordination.cluster_map import CLUSTER_FILE, QueueEntry, lease_name
@@ -317,7 +318,7 @@ class Producer:
         self._thread.join(timeout=40)
 
     def _run(self) -> None:
-        asyncio.run(self._produce())
+        event_loops.run(self._produce(), choice=event_loops.from_environment())
 
     async def _produce(self) -> None:
         deadline = time.monotonic() + self.max_seconds
@@ -678,7 +679,9 @@ def bootstrap_once(args: argparse.Namespace, data_root: pathlib.Path, variant: s
         lease_ms=args.lease_ms,
     ) as cluster:
         leader, follower = cluster.servers["s1"], cluster.servers["s2"]
-        report["fill"] = asyncio.run(fill(leader.address, "boot", messages, args.bootstrap_max_seconds))
+        report["fill"] = event_loops.run(
+            fill(leader.address, "boot", messages, args.bootstrap_max_seconds), choice=event_loops.from_environment()
+        )
         leader_status = cluster.status("s1")
         follower_status = cluster.status("s2")
         assert leader_status is not None
