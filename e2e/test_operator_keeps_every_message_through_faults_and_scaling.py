@@ -34,6 +34,7 @@ from e2e.operator_process import running_operator
 from e2e.polling import wait_for
 from e2e.processes import server_pid
 from e2e.realnode import RunningNode
+from e2e.rollouts import pod_uids, wait_every_pod_replaced
 from e2e.test_operator_runs_queues_on_a_shardq_cluster import (
     GROUP,
     READY_S,
@@ -208,7 +209,7 @@ def kill_the_operator_mid_failover(scenario: Scenario) -> None:
 def roll_the_pods(scenario: Scenario) -> None:
     """A change that needs new pods (resources): the StatefulSet replaces them one at a
     time, and each stopping server hands its leadership off first."""
-    before = {pod.metadata.name: pod.metadata.uid for pod in scenario.pods()}
+    before = pod_uids(scenario.pods())
     scenario.custom.patch_namespaced_custom_object(
         GROUP,
         VERSION,
@@ -218,17 +219,15 @@ def roll_the_pods(scenario: Scenario) -> None:
         {"spec": {"resources": {"requests": {"cpu": "50m", "memory": "64Mi"}}}},
     )
 
-    def rolled() -> bool:
-        status = scenario.apps.read_namespaced_stateful_set("main-shardq", scenario.namespace).status
-        pods = {pod.metadata.name: pod.metadata.uid for pod in scenario.pods()}
-        return (
-            status.update_revision == status.current_revision
-            and (status.updated_replicas or 0) == len(before)
-            and set(pods) == set(before)
-            and all(pods[name] != uid for name, uid in before.items())
-        )
-
-    wait_for(rolled, timeout=SCALE_S, interval=1.0, what="every pod replaced", explain=scenario.operator_logs)
+    wait_every_pod_replaced(
+        scenario.apps,
+        scenario.namespace,
+        "main-shardq",
+        scenario.pods,
+        before,
+        timeout=SCALE_S,
+        explain=scenario.operator_logs,
+    )
     scenario.note(f"the new pod template rolled out: all {len(before)} pods replaced by the rolling update")
 
 

@@ -45,6 +45,7 @@ from e2e.helm import CHART, helm
 from e2e.polling import wait_for
 from e2e.processes import container_process, server_pid
 from e2e.realnode import RunningNode
+from e2e.rollouts import pod_uids, wait_every_pod_replaced
 from e2e.test_chart_installs_serves_and_uninstalls_on_the_real_node import leftovers, release_cluster_objects
 from e2e.test_operator_runs_queues_on_a_shardq_cluster import GROUP, VERSION, get, queue_ready, shard_leaders
 from e2e.workload_jobs import WorkloadJob, merge_histories, start_jobs
@@ -357,21 +358,18 @@ def kill_the_leading_operator_with_a_leader(platform: Platform) -> None:
 def roll_the_pods(platform: Platform) -> None:
     """A change that needs new pods (resources): the StatefulSet replaces them one at a
     time, and each stopping server hands its leadership off first."""
-    before = {pod.metadata.name: pod.metadata.uid for pod in platform.server_pods()}
     patch = json.dumps({"spec": {"resources": {"requests": {"cpu": "50m", "memory": "64Mi"}}}})
+    before = pod_uids(platform.server_pods())
     platform.kubectl("patch", "shardqcluster", CLUSTER, "--type=merge", "-p", patch)
-
-    def rolled() -> bool:
-        status = platform.apps.read_namespaced_stateful_set(STATEFULSET, platform.namespace).status
-        pods = {pod.metadata.name: pod.metadata.uid for pod in platform.server_pods()}
-        return (
-            status.update_revision == status.current_revision
-            and (status.updated_replicas or 0) == len(before)
-            and set(pods) == set(before)
-            and all(pods[name] != uid for name, uid in before.items())
-        )
-
-    wait_for(rolled, timeout=SETTLE_S, interval=1.0, what="every pod replaced", explain=platform.operator_logs)
+    wait_every_pod_replaced(
+        platform.apps,
+        platform.namespace,
+        STATEFULSET,
+        platform.server_pods,
+        before,
+        timeout=SETTLE_S,
+        explain=platform.operator_logs,
+    )
     platform.note(f"a new pod template rolled out: all {len(before)} server pods replaced one at a time")
 
 

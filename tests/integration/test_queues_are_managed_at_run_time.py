@@ -15,7 +15,6 @@ import pytest
 from shardq import Client, Message
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.errors import InvalidArgument, QueueExists, QueueInUse, QueueManagedElsewhere, QueueNotFound
-from tests.support.ports import free_port
 from tests.support.servers import ServerFactory, ServerProcess, stored_count
 
 
@@ -103,13 +102,8 @@ def test_set_attributes_changes_what_the_next_receive_does_and_refuses_fixed_set
 def test_a_server_whose_queues_are_defined_elsewhere_refuses_and_names_the_place(tmp_path: pathlib.Path) -> None:
     # Started with the flag from the first (a stop and start on the same ports could
     # race another process for a port freed in between).
-    server = ServerProcess(
-        data_dir=tmp_path / "data",
-        queues=("orders",),
-        port=free_port(),
-        metrics_port=free_port(),
-        log_path=tmp_path / "server.log",
-        extra_args=("--queues-managed-by", "the Queue resources of namespace shop"),
+    server = ServerProcess.in_directory(
+        tmp_path, ("orders",), "--queues-managed-by", "the Queue resources of namespace shop"
     )
     server.start()
     try:

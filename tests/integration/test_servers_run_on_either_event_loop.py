@@ -23,14 +23,7 @@ MESSAGES = 120
 def test_acknowledged_sends_survive_sigkill_on_each_loop(
     tmp_path: pathlib.Path, option: tuple[str, ...], expected: str
 ) -> None:
-    server = ServerProcess(
-        data_dir=tmp_path / "data",
-        queues=[f"{QUEUE}:shards=2"],
-        port=free_port(),
-        metrics_port=free_port(),
-        log_path=tmp_path / "server.log",
-        extra_args=option,
-    )
+    server = ServerProcess.in_directory(tmp_path, [f"{QUEUE}:shards=2"], *option)
     server.start()
     try:
         assert f"event loop: {expected}" in server.log()

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 from shardq import Client, Message
-from tests.support.ports import free_port
 from tests.support.servers import ServerProcess, drain
 
 QUEUE = "spread"
@@ -16,14 +15,7 @@ MESSAGES = 400
 
 
 def test_acknowledged_sends_survive_sigkill_with_two_writer_threads(tmp_path: pathlib.Path) -> None:
-    server = ServerProcess(
-        data_dir=tmp_path / "data",
-        queues=[f"{QUEUE}:shards=4"],
-        port=free_port(),
-        metrics_port=free_port(),
-        log_path=tmp_path / "server.log",
-        extra_args=("--writer-threads", "2"),
-    )
+    server = ServerProcess.in_directory(tmp_path, [f"{QUEUE}:shards=4"], "--writer-threads", "2")
     server.start()
     try:
         with Client(server.endpoint) as client:

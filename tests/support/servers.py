@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from shardq import Client, ReceivedMessage
+from tests.support.ports import free_port
 
 T = TypeVar("T")
 
@@ -52,6 +53,18 @@ class ServerProcess:
     # More `shardq serve` options, e.g. ("--writer-threads", "2").
     extra_args: Sequence[str] = ()
     process: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def in_directory(cls, directory: pathlib.Path, queues: Sequence[str], *extra_args: str) -> ServerProcess:
+        """A server (not started) with its data and log in `directory`, on fresh ports."""
+        return cls(
+            data_dir=directory / "data",
+            queues=queues,
+            port=free_port(),
+            metrics_port=free_port(),
+            log_path=directory / "server.log",
+            extra_args=extra_args,
+        )
 
     @property
     def endpoint(self) -> str:
