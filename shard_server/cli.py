@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import pathlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -174,7 +173,6 @@ def serve_command(
             lease_store=leases,
             queues_managed_by=queues_managed_by,
         )
-        logging.getLogger(__name__).info("event loop: %s", loop)
         try:
             event_loops.run(serve(settings), choice=loop)
         except ValueError as error:

@@ -213,7 +213,15 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
     for name in ("", *service_names):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     metrics_note = f", metrics on {settings.host}:{settings.metrics_port}" if settings.metrics_port is not None else ""
-    log.info("serving %s on %s%s", ", ".join(sorted(host.queues)), host.advertised_address, metrics_note)
+    # uvloop or asyncio (`--event-loop`): named once serving, so a start that fails says one thing only.
+    event_loop = type(asyncio.get_running_loop()).__module__.split(".")[0]
+    log.info(
+        "serving %s on %s%s, event loop %s",
+        ", ".join(sorted(host.queues)),
+        host.advertised_address,
+        metrics_note,
+        event_loop,
+    )
     print(f"shardq: listening on {host.advertised_address}", file=sys.stderr, flush=True)
     try:
         await stop.wait()

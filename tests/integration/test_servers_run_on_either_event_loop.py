@@ -26,7 +26,7 @@ def test_acknowledged_sends_survive_sigkill_on_each_loop(
     server = ServerProcess.in_directory(tmp_path, [f"{QUEUE}:shards=2"], *option)
     server.start()
     try:
-        assert f"event loop: {expected}" in server.log()
+        assert f"event loop {expected}" in server.log()
         with Client(server.endpoint) as client:
             acknowledged = set()
             for number in range(MESSAGES):
