@@ -64,6 +64,8 @@ DEAD_LETTERS_FOR = "10s"
 READY_S = 240.0
 ALERT_S = 120.0
 SCRAPED_S = 60.0
+# Counted once each by the traffic burst; nothing else in the test counts them.
+BURST_COUNTERS = ("redelivered", "dead_lettered")
 QUEUES: list[dict[str, Any]] = [
     {
         "name": "orders",
@@ -314,6 +316,14 @@ def test_prometheus_scrapes_every_pod_has_every_panel_and_alerts_on_a_leaderless
             servers = running_pods(api, namespace, SERVERS_LABELS)
             send_receive_and_dead_letter(f"{servers[0]['status']['podIP']}:7600")
             progress(started, "sent, received, deleted, dead-lettered and refused")
+            # Scraped before anything else happens: a server killed later in the test takes
+            # its counts with it, and one scrape late (a busy node) would lose this burst.
+            burst = [f'sum(shardq_messages_{name}_total{{namespace="{namespace}"}})' for name in BURST_COUNTERS]
+            wait_for(
+                lambda: all((one_value(prom, expr) or 0) >= 1 for expr in burst),
+                timeout=SCRAPED_S,
+                what="the redelivery and the dead-lettering scraped",
+            )
 
             # Scale out: replicas move onto the new server (the replica-move panels).
             cluster_label = f'cluster="{namespace}/{CLUSTER}"'
