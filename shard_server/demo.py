@@ -114,6 +114,11 @@ async def _drain(client: AsyncClient, stop: asyncio.Event, *, timeout_s: float) 
     return False
 
 
+def poisoned(number: int) -> bool:
+    """The demo's handler fails every 20th message for good: those end in the DLQ."""
+    return number % 20 == 7
+
+
 def _leaders(leases: LocalLeaseStore) -> str:
     return " ".join(
         f"{lease.name.split('.')[-1]}:{lease.holder}@{lease.transitions}" for lease in leases.list(f"{QUEUE}.")
@@ -140,6 +145,10 @@ async def _run_demo(
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     sent = retries = 0
+    # Message numbers: which sends were acknowledged, which a handler finished (before its
+    # delete, whose answer a failover may lose), so the end can say whether any went missing.
+    acknowledged: set[int] = set()
+    handled: set[int] = set()
     latencies: list[float] = []
     consumer_stats = ConsumerStats()
 
@@ -163,6 +172,7 @@ async def _run_demo(
                             await asyncio.sleep(0.2)
                             continue
                         sent += 1
+                        acknowledged.add(number)
                         return
                 finally:
                     window.release()
@@ -181,9 +191,11 @@ async def _run_demo(
                 await asyncio.wait(set(in_flight), timeout=10)
 
         async def handle(message: ReceivedMessage) -> None:
-            if int(message.attributes.get("n", "0")) % 20 == 7:
+            number = int(message.attributes.get("n", "0"))
+            if poisoned(number):
                 raise RuntimeError("simulated handler failure")
             latencies.append(time.time() * 1000 - message.sent_at_ms)
+            handled.add(number)
 
         async def consume() -> None:
             while not stop.is_set():
@@ -259,10 +271,28 @@ async def _run_demo(
             click.echo("drained: every message was handled or dead-lettered", err=True)
         else:
             click.echo(f"stopped after {DRAIN_TIMEOUT_S:.0f}s of draining; the rest stays queued", err=True)
+        # Read after the drain: the last progress line may predate the last dead-lettering.
+        try:
+            dead_lettered = str((await client.attributes(DLQ)).visible)
+        except ShardqError as error:
+            dead_lettered = f"unknown ({error.message})"
         click.echo(
-            f"done: sent {sent}, handled {consumer_stats.handled}, failed attempts {consumer_stats.failed}, "
-            f"sends retried during failover {retries}"
+            f"done: sent {sent}, handled {consumer_stats.handled}, dead-lettered {dead_lettered}, "
+            f"failed attempts {consumer_stats.failed}, sends retried during failover {retries}"
         )
+        if drained:
+            # "handled" counts answered deletes: one applied while its answer was lost in
+            # the failover is not in it, but its message was handled. Say so by number.
+            missing = sorted(n for n in acknowledged - handled if not poisoned(n))
+            unanswered = len(handled) - consumer_stats.handled
+            if missing:
+                raise click.ClickException(f"{len(missing)} acknowledged messages were never handled: {missing[:20]}")
+            click.echo(
+                f"checked: all {len(acknowledged) - sum(map(poisoned, acknowledged))} acknowledged messages "
+                f"that could be handled were handled"
+                + (f" ({unanswered} deletes applied but unanswered during the failover)" if unanswered > 0 else ""),
+                err=True,
+            )
     leases.close()
 
 
