@@ -31,6 +31,7 @@ from shard_server.service.queues import QueueServicer
 from shard_server.service.replication import ReplicationServicer
 from shard_server.storage.lmdb_store import DEFAULT_MAP_SIZE
 from shard_server.storage.queue_catalog import QueueCatalog
+from shardq import event_loops
 from shardq.api.v1 import (
     export_pb2,
     export_pb2_grpc,
@@ -213,14 +214,13 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
     for name in ("", *service_names):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     metrics_note = f", metrics on {settings.host}:{settings.metrics_port}" if settings.metrics_port is not None else ""
-    # uvloop or asyncio (`--event-loop`): named once serving, so a start that fails says one thing only.
-    event_loop = type(asyncio.get_running_loop()).__module__.split(".")[0]
+    # The loop (`--event-loop`) is named once serving, so a start that fails says one thing only.
     log.info(
         "serving %s on %s%s, event loop %s",
         ", ".join(sorted(host.queues)),
         host.advertised_address,
         metrics_note,
-        event_loop,
+        event_loops.name_of(asyncio.get_running_loop()),
     )
     print(f"shardq: listening on {host.advertised_address}", file=sys.stderr, flush=True)
     try:

@@ -12,7 +12,7 @@ from shardq import event_loops
 
 
 async def loop_module() -> str:
-    return type(asyncio.get_running_loop()).__module__
+    return event_loops.name_of(asyncio.get_running_loop())
 
 
 def test_auto_runs_on_uvloop_when_it_is_installed() -> None:
