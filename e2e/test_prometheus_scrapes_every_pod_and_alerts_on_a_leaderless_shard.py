@@ -413,6 +413,17 @@ def test_prometheus_scrapes_every_pod_has_every_panel_and_alerts_on_a_leaderless
                 f"{sorted(firing_alerts)} (the hung server led {sorted(led)})",
             )
 
+            # The operator says why it promotes nobody: a Warning Event on the Queue.
+            waiting = [
+                event
+                for event in client.CoreV1Api(api).list_namespaced_event(namespace).items
+                if event.reason == "FailoverWaiting" and event.involved_object.name == "single-copy"
+            ]
+            assert waiting, "no FailoverWaiting Event on the queue whose only replica hangs"
+            assert waiting[0].type == "Warning", waiting[0]
+            assert "single-copy.0 needs a new leader" in waiting[0].message, waiting[0].message
+            assert f"in-sync replicas ['{victim}']" in waiting[0].message, waiting[0].message
+
             os.kill(stopped, signal.SIGCONT)
             stopped = None
             woke_at = time.monotonic()

@@ -49,6 +49,7 @@ from e2e.rollouts import pod_uids, wait_every_pod_replaced
 from e2e.test_chart_installs_serves_and_uninstalls_on_the_real_node import leftovers, release_cluster_objects
 from e2e.test_operator_runs_queues_on_a_shardq_cluster import GROUP, VERSION, get, queue_ready, shard_leaders
 from e2e.workload_jobs import WorkloadJob, merge_histories, start_jobs
+from shardq.coordination.leases import ISR_ANNOTATION
 from tests.faults.checking import QueueSpec, check_history, format_violations
 from tests.faults.history import History, Send, StoredMessage, dump_history
 from tests.faults.workload import Workload, WorkloadConfig, read_stored
@@ -239,13 +240,19 @@ class Platform:
             raise AssertionError(f"{error} from {victim}\n{self.explain(victim)}\n{self.operator_logs()}") from None
 
     def explain(self, server: str) -> str:
-        """The shard Leases and the server pod's state, for a failover that did not happen."""
+        """The shard Leases (holder, epoch, in-sync replicas), every server pod's state and
+        the victim's in full, for a failover that did not happen."""
         leases = client.CoordinationV1Api(self.api).list_namespaced_lease(self.namespace).items
         lines = [
             f"lease {lease.metadata.name}: holder {lease.spec.holder_identity} transitions "
-            f"{lease.spec.lease_transitions} renewed {lease.spec.renew_time} for {lease.spec.lease_duration_seconds}s"
+            f"{lease.spec.lease_transitions} renewed {lease.spec.renew_time} for {lease.spec.lease_duration_seconds}s "
+            f"isr {(lease.metadata.annotations or {}).get(ISR_ANNOTATION, '-')}"
             for lease in leases
         ]
+        for pod in self.server_pods():
+            ready = [(c.status, c.last_transition_time) for c in pod.status.conditions or [] if c.type == "Ready"]
+            containers = [(s.name, s.restart_count, s.state) for s in pod.status.container_statuses or []]
+            lines.append(f"pod {pod.metadata.name}: Ready {ready} containers {containers}")
         try:
             pod = self.core.read_namespaced_pod(server, self.namespace)
             lines.append(f"pod {server} conditions: {pod.status.conditions}")

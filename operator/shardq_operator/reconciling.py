@@ -18,7 +18,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from shardq import Client, ShardqError
 from shardq.coordination.cluster_map import ClusterMap, cluster_map_from_text, lease_name
 from shardq.coordination.fencing import build_isr_change, build_takeover, is_expired, isr_of
 from shardq.coordination.leases import LeaseConflict, LeaseRecord
@@ -28,18 +27,20 @@ from shardq.coordination.takeovers import (
     ServerObservation,
     Takeover,
     TakeoverReason,
+    Waiting,
     choose_failovers,
     choose_rebalancing,
     choose_replica_rebalancing,
     isr_after_takeover,
     lease_for_new_shard,
 )
-from shardq.durations import format_duration_ms, parse_duration_ms
+from shardq.durations import parse_duration_ms
 from shardq_operator import builders, metrics, naming
 from shardq_operator.kube import Kube, Manifest
 from shardq_operator.mapping import DesiredMap, desired_map, servers_needed, with_servers
 from shardq_operator.observing import observe_servers, pod_address
-from shardq_operator.statuses import LeaderReport, leader_reports
+from shardq_operator.server_reads import ServerReads
+from shardq_operator.statuses import LeaderReport
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +108,8 @@ class Tick:
 class Reconciler:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
-        # Queue counts shown in `kubectl get queues`, read from a server now and then.
-        self._counts: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
+        # Leader reports and queue counts, read from the servers on a thread of its own.
+        self.server_reads = ServerReads(every_s=COUNTS_EVERY_S)
         # (namespace, server) -> monotonic time it was first seen down; its container's start.
         self._down_since: dict[tuple[str, str], float] = {}
         self._started: dict[tuple[str, str], int] = {}
@@ -116,8 +117,6 @@ class Reconciler:
         self._rebalanced_at: dict[tuple[str, str], float] = {}
         self._moves: dict[tuple[str, str], list[float]] = {}
         self._proposed: dict[tuple[str, str], list[str]] = {}
-        # What the shards' leaders last reported, and when, per cluster.
-        self._reports: dict[tuple[str, str], tuple[float, dict[ShardId, LeaderReport]]] = {}
         # Replica moves rebalancing asked for, carried out by the next reconcile's plan.
         self._requested: dict[tuple[str, str], list[ReplicaMove]] = {}
         self._locks: dict[tuple[str, str], threading.Lock] = {}
@@ -126,6 +125,8 @@ class Reconciler:
         self._applied: dict[tuple[str, str, str], tuple[str, float]] = {}
         # Last status written per object, so an unchanged status costs no request.
         self._written: dict[tuple[str, str, str], Any] = {}
+        # Shards announced as waiting for a safe failover candidate, per cluster, and why.
+        self._waiting_said: dict[tuple[str, str], dict[str, TakeoverReason]] = {}
 
     def _apply(self, manifest: Manifest) -> None:
         """Apply `manifest` when it differs from what this operator last applied, and every
@@ -159,6 +160,7 @@ class Reconciler:
     def _reconcile(self, namespace: str, name: str) -> Tick:
         owner = self.kube.get_custom("shardqclusters", namespace, name)
         if owner is None:
+            self.server_reads.forget((namespace, name))
             return Tick()
         # A cluster being deleted is still reconciled: its deletion waits (finalizer)
         # until its Queues are gone, and their removal from the map is what lets them go.
@@ -235,10 +237,17 @@ class Reconciler:
             log.info("cluster %s/%s: map now has queues %s", namespace, name, sorted(cluster_map.placement))
 
         servers = observe_servers(cluster_map.servers, pods)
+        self.server_reads.want(
+            (namespace, name),
+            addresses=[address for pod in pods if is_ready(pod) and (address := pod_address(pod, naming.GRPC_PORT))],
+            queues=sorted(queue for queue in live if queue in cluster_map.placement),
+        )
         tick = Tick(cluster_map=cluster_map, problems=desired.problems, moves=moves)
         now = wall_clock_ms()
         self._note_down_servers(namespace, servers)
-        for decision in choose_failovers(cluster=cluster_map, leases=held, servers=servers, now_ms=now):
+        decisions = choose_failovers(cluster=cluster_map, leases=held, servers=servers, now_ms=now)
+        self._say_why_shards_wait(namespace, name, live, [d for d in decisions if isinstance(d, Waiting)], servers)
+        for decision in decisions:
             if not isinstance(decision, Takeover):
                 continue
             taken = build_takeover(
@@ -262,9 +271,39 @@ class Reconciler:
             log.info("cluster %s/%s: %s", namespace, name, message)
             self._event_on_queue(live, decision.lease, reason="Failover", message=message)
         if not tick.takeovers:
-            self._rebalance(owner, live, cluster_map, servers, held, pods, tick, replicas_settled=moves.settled)
-        self._write_statuses(owner, live, cluster_map, desired, moves, spec_servers, servers, held, now, pods)
+            self._rebalance(owner, live, cluster_map, servers, held, tick, replicas_settled=moves.settled)
+        self._write_statuses(owner, live, cluster_map, desired, moves, spec_servers, servers, held, now)
         return tick
+
+    def _say_why_shards_wait(
+        self,
+        namespace: str,
+        name: str,
+        live: Mapping[str, Manifest],
+        waiting: list[Waiting],
+        servers: Mapping[str, ServerObservation],
+    ) -> None:
+        """Log and announce (once per shard and reason) a shard that needs a new leader and
+        has no in-sync replica on a ready server: the operator then promotes nobody, which
+        keeps every acknowledged write but leaves the shard unled, and whoever looks at it
+        must see why without reading the code."""
+        key = (namespace, name)
+        said = self._waiting_said.setdefault(key, {})
+        pending = {decision.lease.name for decision in waiting}
+        for lease in [lease for lease in said if lease not in pending]:
+            del said[lease]
+        for decision in waiting:
+            if said.get(decision.lease.name) == decision.reason:
+                continue
+            said[decision.lease.name] = decision.reason
+            ready = sorted(server for server, seen in servers.items() if seen.ready)
+            message = (
+                f"{decision.lease.name} needs a new leader ({decision.reason.value}: "
+                f"{decision.lease.holder or 'nobody'}) but none of its in-sync replicas "
+                f"{sorted(isr_of(decision.lease))} is on a ready server (ready: {ready}); waiting"
+            )
+            log.warning("cluster %s/%s: %s", namespace, name, message)
+            self._event_on_queue(live, decision.lease, reason="FailoverWaiting", message=message, warning=True)
 
     def _carry_out_moves(
         self,
@@ -315,7 +354,6 @@ class Reconciler:
         cluster_map: ClusterMap,
         servers: Mapping[str, ServerObservation],
         held: dict[str, LeaseRecord],
-        pods: list[Manifest],
         tick: Tick,
         *,
         replicas_settled: bool,
@@ -335,7 +373,7 @@ class Reconciler:
         allowed = int(settings.get("maxMovesPerMinute", 6)) - len(recent)
         if allowed <= 0:
             return
-        loads = {shard: report.load for shard, report in self._leader_reports(namespace, name, pods).items()}
+        loads = {shard: report.load for shard, report in self.server_reads.leader_reports((namespace, name)).items()}
         now = wall_clock_ms()
         # The spec gives a factor over the mean; the planner wants the excess over it.
         threshold = max(float(settings.get("imbalanceThreshold", 1.5)) - 1.0, 0.0)
@@ -396,17 +434,6 @@ class Reconciler:
                 live, move.lease, reason="Rebalance", message=f"leadership moved off a hot server: {text}"
             )
 
-    def _leader_reports(self, namespace: str, name: str, pods: list[Manifest]) -> dict[ShardId, LeaderReport]:
-        """What each shard's leader reports (load, commit index, depth), read from the ready
-        servers at most every COUNTS_EVERY_S; the last reports in between."""
-        key = (namespace, name)
-        read_at, reports = self._reports.get(key, (0.0, {}))
-        if time.monotonic() - read_at >= COUNTS_EVERY_S:
-            ready = [address for pod in pods if is_ready(pod) and (address := pod_address(pod, naming.GRPC_PORT))]
-            reports = leader_reports(ready)
-            self._reports[key] = (time.monotonic(), reports)
-        return reports
-
     def _note_down_servers(self, namespace: str, servers: Mapping[str, ServerObservation]) -> None:
         """When each server was first seen not running (or restarted), for failover timing."""
         for name, server in servers.items():
@@ -419,30 +446,9 @@ class Reconciler:
             if server.running:
                 self._started[key] = server.started_at_ms
 
-    def _queue_counts(self, namespace: str, queue: str, pods: list[Manifest]) -> dict[str, Any]:
-        """visible / inFlight / oldestAge of a queue, as a ready server reports it (at most
-        every COUNTS_EVERY_S; the last figures in between, none while no server answers)."""
-        key = (namespace, queue)
-        read_at, counts = self._counts.get(key, (0.0, {}))
-        if time.monotonic() - read_at < COUNTS_EVERY_S:
-            return counts
-        addresses = [address for pod in pods if is_ready(pod) and (address := pod_address(pod, naming.GRPC_PORT))]
-        for address in addresses:
-            try:
-                with Client(address, route_directly=False) as shardq_client:
-                    attributes = shardq_client.attributes(queue)
-            except ShardqError:
-                continue
-            counts = {
-                "visible": attributes.visible,
-                "inFlight": attributes.in_flight,
-                "oldestAge": format_duration_ms(attributes.oldest_age_ms) if attributes.oldest_age_ms else "",
-            }
-            break
-        self._counts[key] = (time.monotonic(), counts)
-        return counts
-
-    def _event_on_queue(self, live: Mapping[str, Manifest], lease: LeaseRecord, *, reason: str, message: str) -> None:
+    def _event_on_queue(
+        self, live: Mapping[str, Manifest], lease: LeaseRecord, *, reason: str, message: str, warning: bool = False
+    ) -> None:
         queue_name, index = _split(lease.name)
         queue = live.get(queue_name)
         if queue is None:
@@ -451,8 +457,8 @@ class Reconciler:
         shard["metadata"]["namespace"] = queue["metadata"]["namespace"]
         for involved in (queue, shard):
             try:
-                self.kube.event(involved, reason=reason, message=message)
-            except Exception:  # an event is a courtesy; the takeover is done
+                self.kube.event(involved, reason=reason, message=message, warning=warning)
+            except Exception:  # an event is a courtesy; the decision is made
                 log.warning("could not post event %s on %s", reason, lease.name, exc_info=True)
 
     def _status(self, plural: str, resource: Manifest, status: dict[str, Any]) -> None:
@@ -480,11 +486,10 @@ class Reconciler:
         servers: Mapping[str, ServerObservation],
         held: Mapping[str, LeaseRecord],
         now: int,
-        pods: list[Manifest],
     ) -> None:
         namespace = owner["metadata"]["namespace"]
         cluster = owner["metadata"]["name"]
-        reports = self._leader_reports(namespace, cluster, pods)
+        reports = self.server_reads.leader_reports((namespace, cluster))
         ready = sorted(name for name, server in servers.items() if server.ready)
         leads = dict.fromkeys(servers, 0)
         led_load = dict.fromkeys(servers, 0.0)
@@ -592,7 +597,7 @@ class Reconciler:
                     if ready_condition["status"] == "True"
                     else ("Invalid" if problem and not placed else "Pending"),
                     "endpoint": naming.client_endpoint(cluster, namespace),
-                    **(self._queue_counts(namespace, queue_name, pods) if placed else {}),
+                    **(self.server_reads.queue_counts(namespace, queue_name) if placed else {}),
                     "shards": shards,
                     "conditions": queue_conditions,
                 },

@@ -1,0 +1,75 @@
+"""The operator's reads of the servers (queue counts, leader reports) never hold up a
+reconcile: a paused server accepts the connection and never answers, and while the
+reader waits on it the reconcile's side still gets the last figures at once. Once the
+server answers again its figures arrive.
+
+A real `shardq serve` process, paused with SIGSTOP as the whole-system test pauses a
+leader on the real node (where a pass that read counts from it delayed every failover
+past a minute)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from shardq_operator.server_reads import ServerReads, read_queue_counts
+
+from shardq import Client
+from shardq.types import Message
+from tests.support.servers import ServerProcess, wait_for
+
+QUEUE = "counted"
+CLUSTER = ("ns", "main")
+
+
+def test_a_paused_server_holds_up_the_reader_but_never_the_reconcile(tmp_path: pathlib.Path) -> None:
+    server = ServerProcess.in_directory(tmp_path, [f"{QUEUE}:shards=2"])
+    server.start()
+    reading = threading.Event()
+    answered: list[dict[str, Any] | None] = []
+
+    def counts_of(addresses: Sequence[str], queue: str) -> dict[str, Any] | None:
+        reading.set()
+        counts = read_queue_counts(addresses, queue)
+        answered.append(counts)
+        return counts
+
+    reads = ServerReads(every_s=0.2, read_counts=counts_of)
+    try:
+        with Client(server.endpoint) as client:
+            client.send_messages(QUEUE, [Message(body=b"one"), Message(body=b"two")])
+        os.kill(server.pid, signal.SIGSTOP)
+        reads.want(CLUSTER, addresses=[server.endpoint], queues=[QUEUE])
+        assert reading.wait(10), "the reader never started"
+        # The reader is now waiting on the paused server; the reconcile's side is not.
+        assert reads.queue_counts("ns", QUEUE) == {}
+        assert reads.leader_reports(CLUSTER) == {}
+        reads.want(CLUSTER, addresses=[server.endpoint], queues=[QUEUE])
+        assert answered == [], "a paused server answered"
+
+        os.kill(server.pid, signal.SIGCONT)
+        counts = wait_for(lambda: reads.queue_counts("ns", QUEUE) or None, timeout=60, what="the counts after SIGCONT")
+        assert counts["visible"] == 2, counts
+        assert counts["inFlight"] == 0, counts
+    finally:
+        reads.stop()
+        os.kill(server.pid, signal.SIGCONT)
+        server.cleanup()
+
+
+def test_a_queue_nobody_answers_for_keeps_its_last_figures_and_a_forgotten_cluster_loses_them() -> None:
+    answers: list[dict[str, Any] | None] = [{"visible": 3, "inFlight": 1, "oldestAge": "2s"}, None]
+    reads = ServerReads(
+        every_s=3600, read_reports=lambda _: {}, read_counts=lambda _, __: answers.pop(0), background=False
+    )
+    reads.want(CLUSTER, addresses=["127.0.0.1:1"], queues=[QUEUE])
+    reads.read_once()
+    reads.read_once()
+    assert reads.queue_counts("ns", QUEUE) == {"visible": 3, "inFlight": 1, "oldestAge": "2s"}
+    reads.forget(CLUSTER)
+    reads.read_once()
+    assert answers == [], "a forgotten cluster was read"
