@@ -60,6 +60,7 @@ def operator_command(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kopf.objects").addFilter(handlers.StandbyIsNotAnError())
+    logging.getLogger("kopf.objects").addFilter(handlers.RoutineTicksAreQuiet())
     if kubeconfig is not None:
         os.environ["KUBECONFIG"] = str(kubeconfig)  # kopf's own login reads it
     from shardq.coordination.kubernetes_leases import KubernetesLeaseStore

@@ -23,6 +23,7 @@ from shardq_operator.reconciling import Reconciler, cluster_of
 log = logging.getLogger(__name__)
 
 TICK_S = 1.0
+TICK_SUCCEEDED = "Timer 'tick_cluster' succeeded."  # as kopf words it
 STANDBY_RETRY_S = 2
 STANDBY_MESSAGE = "another operator replica leads; standing by"
 _state: dict[str, object] = {}
@@ -66,6 +67,16 @@ class StandbyIsNotAnError(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return STANDBY_MESSAGE not in record.getMessage()
+
+
+class RoutineTicksAreQuiet(logging.Filter):
+    """Drops kopf's "Timer 'tick_cluster' succeeded." record, logged once a second per
+    cluster: sixty of them a minute would push what the operator did (failovers, moves,
+    shards waiting for a safe leader) out of any `kubectl logs --tail`. A failing tick is
+    still logged, by kopf, as an error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != TICK_SUCCEEDED
 
 
 @kopf.on.login()
