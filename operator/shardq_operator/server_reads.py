@@ -82,7 +82,10 @@ class ServerReads:
         wanted = Wanted(tuple(addresses), tuple(queues))
         with self._lock:
             first = cluster not in self._wanted
+            dropped = not first and set(self._wanted[cluster].queues) - set(queues)
             self._wanted[cluster] = wanted
+            if dropped:
+                self._drop_unwanted_counts()
             if self._thread is None and self.background:
                 self._thread = threading.Thread(target=self._run, name="server-reads", daemon=True)
                 self._thread.start()
@@ -93,6 +96,13 @@ class ServerReads:
         with self._lock:
             self._wanted.pop(cluster, None)
             self._reports.pop(cluster, None)
+            self._drop_unwanted_counts()
+
+    def _drop_unwanted_counts(self) -> None:
+        """Counts of queues no cluster wants any more (deleted Queues) go (lock held)."""
+        wanted = {(cluster[0], queue) for cluster, what in self._wanted.items() for queue in what.queues}
+        for key in [key for key in self._counts if key not in wanted]:
+            del self._counts[key]
 
     def leader_reports(self, cluster: ClusterKey) -> dict[ShardId, LeaderReport]:
         with self._lock:

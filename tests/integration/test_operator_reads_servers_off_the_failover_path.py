@@ -61,7 +61,7 @@ def test_a_paused_server_holds_up_the_reader_but_never_the_reconcile(tmp_path: p
         server.cleanup()
 
 
-def test_a_queue_nobody_answers_for_keeps_its_last_figures_and_a_forgotten_cluster_loses_them() -> None:
+def test_a_queue_nobody_answers_for_keeps_its_last_figures_a_deleted_one_loses_them() -> None:
     answers: list[dict[str, Any] | None] = [{"visible": 3, "inFlight": 1, "oldestAge": "2s"}, None]
     reads = ServerReads(
         every_s=3600, read_reports=lambda _: {}, read_counts=lambda _, __: answers.pop(0), background=False
@@ -70,6 +70,8 @@ def test_a_queue_nobody_answers_for_keeps_its_last_figures_and_a_forgotten_clust
     reads.read_once()
     reads.read_once()
     assert reads.queue_counts("ns", QUEUE) == {"visible": 3, "inFlight": 1, "oldestAge": "2s"}
+    reads.want(CLUSTER, addresses=["127.0.0.1:1"], queues=[])  # the Queue was deleted
+    assert reads.queue_counts("ns", QUEUE) == {}
     reads.forget(CLUSTER)
     reads.read_once()
     assert answers == [], "a forgotten cluster was read"
