@@ -22,7 +22,7 @@ from shard_server.runtime.forwarding import Router
 from shard_server.runtime.hosting import QueueHost
 from shard_server.runtime.map_following import ClusterMapFile, ClusterMapFollower, MapSource
 from shard_server.runtime.queue_admin import QueueAdmin, runtime_configs
-from shard_server.runtime.readiness import announce_ready, report_ready_once_in_sync
+from shard_server.runtime.readiness import report_ready_once_in_sync
 from shard_server.runtime.replication.peers import PeerChannels
 from shard_server.runtime.replication.replicas import Replicas
 from shard_server.service.decoding import RejectingUndecodable
@@ -222,6 +222,15 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
     await server.start()
     for name in service_names:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    if gate_readiness:
+        assert replicas is not None
+        tasks.append(
+            asyncio.create_task(
+                report_ready_once_in_sync(health_servicer, replicas.out_of_sync, within_s=settings.sync_before_ready_s)
+            )
+        )
+    else:
+        await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     metrics_note = f", metrics on {settings.host}:{settings.metrics_port}" if settings.metrics_port is not None else ""
     # The loop (`--event-loop`) is named once serving, so a start that fails says one thing only.
     log.info(
@@ -232,15 +241,6 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         event_loops.name_of(asyncio.get_running_loop()),
     )
     print(f"shardq: listening on {host.advertised_address}", file=sys.stderr, flush=True)
-    if gate_readiness:
-        assert replicas is not None
-        tasks.append(
-            asyncio.create_task(
-                report_ready_once_in_sync(health_servicer, replicas.out_of_sync, within_s=settings.sync_before_ready_s)
-            )
-        )
-    else:
-        await announce_ready(health_servicer)
     try:
         await stop.wait()
     finally:

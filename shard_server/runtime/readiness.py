@@ -11,16 +11,12 @@ passed: a replica whose leader is gone for good must not keep the server out of 
 forever, and the server then says which replicas are still behind. Readiness is gated
 once, at start: a follower falling behind later does not take a serving pod out of its
 Service.
-
-Once ready the server prints READY_LINE to stderr: `shardq local` waits for it, as the
-kubelet waits for the health check.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 from collections.abc import Callable
 
 from grpc_health.v1 import health, health_pb2
@@ -28,13 +24,6 @@ from grpc_health.v1 import health, health_pb2
 log = logging.getLogger(__name__)
 
 POLL_S = 0.2
-READY_LINE = "shardq: ready"
-
-
-async def announce_ready(health_servicer: health.aio.HealthServicer) -> None:
-    """Report SERVING for service "" and say so on stderr."""
-    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    print(READY_LINE, file=sys.stderr, flush=True)
 
 
 async def report_ready_once_in_sync(
@@ -51,4 +40,4 @@ async def report_ready_once_in_sync(
         await asyncio.sleep(POLL_S)
     else:
         log.info("every replica in sync after %.1f s: reporting ready", loop.time() - started)
-    await announce_ready(health_servicer)
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
