@@ -34,6 +34,12 @@ class ReceiveOutcome:
     claimed_bytes: int = 0
 
 
+def newest_seq(outcome: ReceiveOutcome) -> int:
+    """The newest message a claim hands out (0 for none): it may answer before its
+    commit only if that message's send is durable already."""
+    return max((claimed.record.seq for claimed in outcome.claimed), default=0)
+
+
 def message_size(record: MessageRecord) -> int:
     """About what a message weighs in a response: body, attributes and ids."""
     size = len(record.body) + len(record.group_id) + len(record.dedup_id)

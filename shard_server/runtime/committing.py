@@ -8,6 +8,11 @@ overlapped (see README, Performance). Answers go out after
 the commit, except receives, which may answer as soon as their claims are
 decided (DESIGN §5: a lost claim only means a redelivery, and the receipt of a
 lost claim is rejected because the next claim carries a newer epoch or token).
+A receive answers early only with messages whose sends are durable already
+(committed, and replicated where the shard replicates): a claim on a message
+sent in its own batch, or in one still replicating, answers with that batch,
+since a SIGKILL before the commit would otherwise leave a consumer holding a
+message the queue never stored, one that could not come back if left undeleted.
 
 When nothing else waits for the shard's writer thread and the batch holds every
 call the server is working on, the batch runs on the event loop itself instead,
@@ -42,6 +47,9 @@ from shardq.errors import Reason, ShardqError
 
 T = TypeVar("T")
 Work = Callable[[LmdbShardTransaction, ShardContext, int], T]
+# For work that may answer before its commit: the newest message seq its outcome
+# hands out (0 for none), so the answer waits when that message is not durable yet.
+NewestSeq = Callable[[T], int]
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +62,8 @@ def wall_clock_ms() -> int:
 class _Request(Generic[T]):
     work: Work[T]
     future: asyncio.Future[T]
-    answer_before_commit: bool
+    # Set for work that may answer before its commit (see NewestSeq).
+    answer_before_commit: NewestSeq[T] | None
 
 
 @dataclasses.dataclass(slots=True)
@@ -75,6 +84,8 @@ class CommitReport:
     log_index: int
     at_ms: int
     epoch: int
+    # The newest message seq once the batch committed: durable when the batch is.
+    last_seq: int = 0
 
 
 class CallsInProgress:
@@ -189,14 +200,18 @@ class GroupCommitter:
         self._idle = asyncio.Event()
         self._idle.set()
         self._last_now_ms = 0
+        # Replicated shards: every message up to this seq is held by every in-sync replica
+        # (0 until this copy's first batch as leader replicates: what it holds from before
+        # may not be). Written on the event loop, read by the batch on the writer thread.
+        self._replicated_seq = 0
         # Exclusive work still on the writer thread: close() waits for it, since
         # the thread outlives this shard's environment.
         self._exclusive: set[asyncio.Future[Any]] = set()
 
-    async def submit(self, work: Work[T], *, answer_before_commit: bool = False) -> T:
+    async def submit(self, work: Work[T], *, answer_before_commit: NewestSeq[T] | None = None) -> T:
         return await self.enqueue(work, answer_before_commit=answer_before_commit)
 
-    def enqueue(self, work: Work[T], *, answer_before_commit: bool = False) -> asyncio.Future[T]:
+    def enqueue(self, work: Work[T], *, answer_before_commit: NewestSeq[T] | None = None) -> asyncio.Future[T]:
         """Queue `work` for the next batch; the future holds its outcome.
 
         For callers feeding several shards at once: awaiting futures together
@@ -242,7 +257,7 @@ class GroupCommitter:
     def _run_batch_on_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._pending_lock:
             requests = len(self._pending)
-            answers_early = any(request.answer_before_commit for request in self._pending)
+            answers_early = any(request.answer_before_commit is not None for request in self._pending)
         due, self._loop_batch = self._loop_batch, None
         thread = self._thread
         try:
@@ -288,7 +303,12 @@ class GroupCommitter:
         context = self._context()
         outcomes: list[tuple[bool, Any]] = []
 
+        last_seq = 0
+
         def run_all(tx: LmdbShardTransaction) -> None:
+            nonlocal last_seq
+            # Sends committed before this batch are durable, unless they still replicate.
+            durable_seq = tx.last_seq() if self._replicated is None else self._replicated_seq
             early: list[tuple[asyncio.Future[Any], bool, Any]] = []
             for request in batch:
                 try:
@@ -296,13 +316,15 @@ class GroupCommitter:
                 except ShardqError as error:
                     outcome = (False, error)
                 outcomes.append(outcome)
-                if request.answer_before_commit:
+                newest_seq = request.answer_before_commit
+                if newest_seq is not None and (not outcome[0] or newest_seq(outcome[1]) <= durable_seq):
                     early.append((request.future, *outcome))
             if early:
                 loop.call_soon_threadsafe(_resolve_all, early)
+            last_seq = tx.last_seq()
 
         _, index = self.environment.write(run_all, epoch=context.epoch, at_ms=now_ms)
-        return outcomes, CommitReport(len(batch), index, now_ms, context.epoch)
+        return outcomes, CommitReport(len(batch), index, now_ms, context.epoch, last_seq)
 
     def _finish_batch(self, loop: asyncio.AbstractEventLoop, finished: concurrent.futures.Future[_Batch]) -> None:
         self._thread.outstanding -= 1
@@ -320,7 +342,7 @@ class GroupCommitter:
             self._on_commit(report)
             if self._replicated is not None and report.log_index:
                 # The next batch may commit locally meanwhile: replication is pipelined.
-                loop.create_task(self._answer_when_replicated(report.log_index, report.epoch, answers))
+                loop.create_task(self._answer_when_replicated(report, answers))
             else:
                 _resolve_all(answers)
         with self._pending_lock:
@@ -331,17 +353,24 @@ class GroupCommitter:
             self._idle.set()
 
     async def _answer_when_replicated(
-        self, index: int, epoch: int, answers: list[tuple[asyncio.Future[Any], bool, Any]]
+        self, report: CommitReport, answers: list[tuple[asyncio.Future[Any], bool, Any]]
     ) -> None:
         assert self._replicated is not None
         try:
-            await self._replicated(index, epoch)
+            await self._replicated(report.log_index, report.epoch)
         except ShardqError as error:
             # Written here but not known to be replicated: the client must treat
             # the outcome as unknown, exactly as after a lost connection.
             _resolve_all([(future, False, error) for future, _, _ in answers])
         else:
+            # Replicated through this batch means through every batch before it too.
+            self._replicated_seq = max(self._replicated_seq, report.last_seq)
             _resolve_all(answers)
+
+    def use_environment(self, environment: ShardEnvironment) -> None:
+        """Commit to `environment` from now on (a follower bootstrapped from a snapshot)."""
+        self.environment = environment
+        self._replicated_seq = 0
 
     async def run_exclusive(self, work: Callable[[], T]) -> T:
         """Run `work` on the writer thread, between batches (follower appends, snapshots).
@@ -351,6 +380,9 @@ class GroupCommitter:
         """
         loop = asyncio.get_running_loop()
         thread = self._thread
+        # What a follower appends or truncates was replicated by another leader, or not:
+        # early receives wait again until this copy's own batch has replicated.
+        self._replicated_seq = 0
         # Counted from now, so this shard's next batches go to the thread, in order with `work`.
         thread.outstanding += 1
         try:

@@ -167,7 +167,7 @@ class HostedShard:
 
     def replace_environment(self, environment: ShardEnvironment) -> None:
         self.environment = environment
-        self.committer.environment = environment
+        self.committer.use_environment(environment)
         with environment.read() as tx:
             self.last_written_index = tx.last_index()
 
@@ -635,7 +635,7 @@ class HostedQueue:
                     visibility_timeout_ms=visibility_timeout_ms,
                     max_bytes=RECEIVE_BYTES_BUDGET - claimed_bytes,
                 ),
-                answer_before_commit=True,
+                answer_before_commit=receiving.newest_seq,
             )
             try:
                 outcome = await asyncio.shield(submitted)

@@ -173,7 +173,7 @@ def test_a_batch_answering_before_its_commit_runs_on_the_writer_thread(
         writers = WriterThreads(1)
         reports: list[CommitReport] = []
         first, _ = committers(environments, writers, reports)
-        ran_on = await first.submit(write_marker(environments[0], b"claim"), answer_before_commit=True)
+        ran_on = await first.submit(write_marker(environments[0], b"claim"), answer_before_commit=lambda _: 0)
         assert ran_on != threading.get_ident()
         await first.close()
         assert stored(environments[0]) == b"claim"
@@ -250,7 +250,7 @@ def test_requests_queued_during_a_commit_form_a_batch_on_the_writer_thread(
             return threading.get_ident()
 
         # Answering before commit puts the first batch on the writer thread.
-        running = first.enqueue(slow_claim, answer_before_commit=True)
+        running = first.enqueue(slow_claim, answer_before_commit=lambda _: 0)
         assert await asyncio.to_thread(started.wait, 10)
         queued_meanwhile = first.enqueue(write_marker(environments[0], b"two"))
         release.set()
