@@ -56,6 +56,15 @@ def never_sent(error: grpc.RpcError) -> bool:
     return "failed to connect" in details or "Connection refused" in details
 
 
+async def _connects_within(channel: grpc.aio.Channel, seconds: float) -> bool:
+    """Whether `channel` is connected (READY) within `seconds`."""
+    try:
+        await asyncio.wait_for(channel.channel_ready(), seconds)
+    except TimeoutError:
+        return False
+    return True
+
+
 # Transparent batching: how many single sends ride in one batch, and how many
 # batches per queue may be in flight before new sends wait to join the next.
 MAX_AUTO_BATCH = 500
@@ -278,6 +287,7 @@ class AsyncClient:
                 queue=queue,
                 timeout=timeout,
                 idempotent=idempotent,
+                channel=self._leader_channels.get(address),
             )
         except NotLeader:
             self._forget_routes(queue)
@@ -331,31 +341,27 @@ class AsyncClient:
         queue: str = "",
         timeout: float = DEFAULT_CALL_TIMEOUT_S,
         idempotent: bool = True,
+        channel: grpc.aio.Channel | None = None,
     ) -> Any:
-        """One call. While the channel cannot connect (a server restarting), the call is
-        retried for up to CONNECT_GRACE_S: nothing was sent, so any call may be. A
-        connection that fails during a call that is not idempotent raises
+        """One call on `channel` (the endpoint's unless given). While the channel cannot
+        connect (a server restarting), the call waits for it to connect, for up to
+        CONNECT_GRACE_S, and is sent again: nothing was sent, so any call may be. The
+        wait is for the connection alone, never for a call already sent: a call that
+        a late connection carried to the server may have been applied, so its deadline
+        cannot pass for "never sent" (a send repeated on that word was stored twice).
+        A connection that fails during a call that is not idempotent raises
         OutcomeUnknown: it may have been applied, and repeating it would not say."""
         loop = asyncio.get_running_loop()
         grace_ends = loop.time() + CONNECT_GRACE_S
-        first_refusal: grpc.RpcError | None = None
         while True:
-            waiting = first_refusal is not None
-            remaining = grace_ends - loop.time()
             try:
-                return await method(
-                    request, timeout=min(timeout, remaining) if waiting else timeout, wait_for_ready=waiting or None
-                )
+                return await method(request, timeout=timeout)
             except grpc.RpcError as error:
-                if waiting and error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                    assert first_refusal is not None
-                    raise error_from_rpc(first_refusal, queue=queue) from None  # it never came up
                 if never_sent(error):
-                    if first_refusal is None:
-                        first_refusal = error
-                    if grace_ends - loop.time() > 0.05:
+                    remaining = grace_ends - loop.time()
+                    if remaining > 0.05 and await _connects_within(channel or self._channel, remaining):
                         continue
-                    raise error_from_rpc(error, queue=queue) from None
+                    raise error_from_rpc(error, queue=queue) from None  # it never came up
                 failure = error_from_rpc(error, queue=queue)
                 if not idempotent and isinstance(failure, Unavailable):
                     raise OutcomeUnknown(

@@ -1,19 +1,25 @@
 """What a client says when its server restarts or dies: calls made while a server comes
-up succeed, a receipt operation cut off mid-call is OUTCOME_UNKNOWN (it may have been
-applied), and a dead server leaves no asyncio noise behind."""
+up succeed, a call that a late connection carried is never reported as never sent, a
+receipt operation cut off mid-call is OUTCOME_UNKNOWN (it may have been applied), and a
+dead server leaves no asyncio noise behind."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import threading
 
+import grpc
 import pytest
 
-from shardq import Client, Message
+from shardq import AsyncClient, Client, Message
+from shardq.aio import CONNECT_GRACE_S
+from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.errors import OutcomeUnknown
 from tests.support.servers import ServerProcess, wait_in_flight
 
@@ -30,6 +36,55 @@ def test_a_client_made_while_the_server_restarts_does_not_fail(server: ServerPro
         assert client.attributes(QUEUE).queue == QUEUE
         (sent,) = client.send_messages(QUEUE, [Message(b"after the restart")])
         assert sent.ok
+
+
+class SlowToAnswer(queue_pb2_grpc.QueueServiceServicer):
+    """Stands in for a shard server that stores a send and answers it late (a slow
+    fsync, a busy writer): the real server cannot be made that slow on cue."""
+
+    def __init__(self, answer_after_s: float) -> None:
+        self.answer_after_s = answer_after_s
+        self.sends: list[queue_pb2.SendMessagesRequest] = []
+
+    async def SendMessages(
+        self, request: queue_pb2.SendMessagesRequest, context: grpc.aio.ServicerContext
+    ) -> queue_pb2.SendMessagesResponse:
+        self.sends.append(request)
+        await asyncio.sleep(self.answer_after_s)
+        stored = [queue_pb2.SendResult(message_id=f"id-{len(self.sends)}-{i}") for i in range(len(request.messages))]
+        return queue_pb2.SendMessagesResponse(results=stored)
+
+
+def test_a_send_a_late_connection_carried_is_not_reported_as_never_sent() -> None:
+    """CI stored one send twice: the server came up near the end of the client's connect
+    grace, the send reached it, and its answer came after the grace. The client called
+    that "never sent" (UNAVAILABLE) and the send was made again."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    servicer = SlowToAnswer(answer_after_s=CONNECT_GRACE_S)
+
+    async def scenario() -> None:
+        server = grpc.aio.server()
+        queue_pb2_grpc.add_QueueServiceServicer_to_server(servicer, server)
+        server.add_insecure_port(f"127.0.0.1:{port}")
+
+        async def come_up_late() -> None:
+            await asyncio.sleep(CONNECT_GRACE_S / 3)  # the client's first attempts are refused
+            await server.start()
+
+        starting = asyncio.create_task(come_up_late())
+        try:
+            async with AsyncClient(f"127.0.0.1:{port}", route_directly=False) as client:
+                (sent,) = await client.send_messages("orders", [Message(b"once")])
+            assert sent.ok
+            assert sent.message_id == "id-1-0"
+            assert len(servicer.sends) == 1
+        finally:
+            await starting
+            await server.stop(grace=None)
+
+    asyncio.run(scenario())
 
 
 def test_a_delete_cut_off_mid_call_is_outcome_unknown(server: ServerProcess) -> None:
