@@ -11,8 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from shardq import Client, Message
+from shardq import Client, Message, SendResult
 from shardq.coordination.cluster_map import QueueEntry
+from shardq.errors import NotLeader, Unavailable
 from tests.support.clusters import Cluster, running
 from tests.support.servers import drain, wait_for
 
@@ -35,6 +36,19 @@ def cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
     )
 
 
+def send_once_led(client: Client, body: bytes) -> SendResult:
+    """The servers were only just started: s1 may still be coming up, or taking leadership."""
+
+    def attempt() -> SendResult | None:
+        try:
+            (sent,) = client.send_messages("orders", [Message(body)])
+        except (Unavailable, NotLeader):
+            return None
+        return sent
+
+    return wait_for(attempt, timeout=30, interval=0.1, what="orders led")
+
+
 def visible(client: Client, queue: str) -> int:
     return client.attributes(queue).visible
 
@@ -45,7 +59,7 @@ def test_a_poison_message_reaches_the_dlq_and_redrives_through_any_server(
     cluster: Cluster, redrive_through: str
 ) -> None:
     with Client(cluster.endpoint("s1"), route_directly=False) as client:
-        sent = wait_for(lambda: client.send_messages("orders", [Message(b"poison")])[0], timeout=30, what="orders led")
+        sent = send_once_led(client, b"poison")
         (received,) = client.receive_messages("orders", max_messages=1, visibility_timeout_ms=200, wait_time_ms=5_000)
         assert received.message_id == sent.message_id
         # The next eligible delivery dead-letters it: s1 leads orders, s2 leads the DLQ.
