@@ -152,6 +152,13 @@ class ProducerStream:
                     future.set_result(answer.response)
         except grpc.RpcError as error:
             failure = error_from_rpc(error)
+            if self._waiting and isinstance(failure, Unavailable) and not never_sent(error):
+                # The stream was up: the batches waiting may have been stored. Calling that
+                # UNAVAILABLE ("nothing applied") would invite a repeat that stores them twice.
+                failure = OutcomeUnknown(
+                    f"the producer stream broke with batches in flight, which may or may not have been stored "
+                    f"({failure.message})"
+                )
             for future in self._waiting.values():
                 if not future.done():
                     future.set_exception(failure)
