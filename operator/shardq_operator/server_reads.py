@@ -82,10 +82,8 @@ class ServerReads:
         wanted = Wanted(tuple(addresses), tuple(queues))
         with self._lock:
             first = cluster not in self._wanted
-            dropped = not first and set(self._wanted[cluster].queues) - set(queues)
             self._wanted[cluster] = wanted
-            if dropped:
-                self._drop_unwanted_counts()
+            self._drop_unwanted_counts()
             if self._thread is None and self.background:
                 self._thread = threading.Thread(target=self._run, name="server-reads", daemon=True)
                 self._thread.start()
@@ -100,9 +98,12 @@ class ServerReads:
 
     def _drop_unwanted_counts(self) -> None:
         """Counts of queues no cluster wants any more (deleted Queues) go (lock held)."""
-        wanted = {(cluster[0], queue) for cluster, what in self._wanted.items() for queue in what.queues}
-        for key in [key for key in self._counts if key not in wanted]:
+        for key in [key for key in self._counts if not self._wanted_queue(*key)]:
             del self._counts[key]
+
+    def _wanted_queue(self, namespace: str, queue: str) -> bool:
+        """Whether a cluster in `namespace` still wants `queue`'s counts (lock held)."""
+        return any(cluster[0] == namespace and queue in what.queues for cluster, what in self._wanted.items())
 
     def leader_reports(self, cluster: ClusterKey) -> dict[ShardId, LeaderReport]:
         with self._lock:
@@ -131,7 +132,9 @@ class ServerReads:
                 if counts is None:
                     continue  # nobody answered: keep the last figures
                 with self._lock:
-                    self._counts[(cluster[0], queue)] = counts
+                    # Not for a queue deleted while it was being read: its figures would stay.
+                    if self._wanted_queue(cluster[0], queue):
+                        self._counts[(cluster[0], queue)] = counts
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -75,3 +75,17 @@ def test_a_queue_nobody_answers_for_keeps_its_last_figures_a_deleted_one_loses_t
     reads.forget(CLUSTER)
     reads.read_once()
     assert answers == [], "a forgotten cluster was read"
+
+
+def test_a_queue_deleted_while_its_counts_are_read_gets_no_figures_back() -> None:
+    reads: ServerReads
+
+    def read_counts(addresses: Sequence[str], queue: str) -> dict[str, Any]:
+        # The reconcile sees the Queue deleted while this server answers.
+        reads.want(CLUSTER, addresses=addresses, queues=[])
+        return {"visible": 3, "inFlight": 0, "oldestAge": ""}
+
+    reads = ServerReads(every_s=3600, read_reports=lambda _: {}, read_counts=read_counts, background=False)
+    reads.want(CLUSTER, addresses=["127.0.0.1:1"], queues=[QUEUE])
+    reads.read_once()
+    assert reads.queue_counts("ns", QUEUE) == {}
