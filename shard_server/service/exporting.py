@@ -22,6 +22,7 @@ from shard_server.domain.messages import Delivery, DeliveryState, MessageRecord,
 from shard_server.runtime.committing import wall_clock_ms
 from shard_server.runtime.hosting import HostedShard, QueueHost
 from shard_server.service.errors import abort_with
+from shard_server.storage.lmdb_store import LmdbShardTransaction
 from shardq.api.v1 import export_pb2, export_pb2_grpc
 from shardq.errors import InvalidArgument, ShardqError
 
@@ -129,6 +130,16 @@ def journal_events(shard: int, entry: LogEntry) -> Iterator[export_pb2.JournalEv
             )
 
 
+def committed_last_index(shard: HostedShard, tx: LmdbShardTransaction) -> int:
+    """The journal's last entry a reader may see: on a replicated shard, the last one every
+    in-sync replica holds. An entry past it may still be lost in a failover, and an
+    analytics job must not count events that then never happened."""
+    last = tx.last_index()
+    if shard.replica is not None:
+        return min(last, shard.replica.commit_index)
+    return last
+
+
 def _batch_size(requested: int) -> int:
     if requested > MAX_BATCH:
         raise InvalidArgument("batch_size", f"at most {MAX_BATCH}")
@@ -208,7 +219,8 @@ class ExportServicer(export_pb2_grpc.ExportServiceServicer):
 
         def bounds() -> tuple[int, int]:
             with shard.environment.read() as tx:
-                return max(request.from_index, tx.first_log_index()), request.to_index or tx.last_index() + 1
+                last = committed_last_index(shard, tx)
+                return max(request.from_index, tx.first_log_index()), min(request.to_index or last + 1, last + 1)
 
         def read_batch(start: int, end: int) -> tuple[list[export_pb2.JournalEvent], int]:
             # Its own short transaction, opened and closed in this worker thread:
@@ -239,9 +251,10 @@ class ExportServicer(export_pb2_grpc.ExportServiceServicer):
     ) -> export_pb2.JournalBounds:
         try:
             shards = self.host.get(request.queue).config.shards
-            with self._queue_and_shard(request.queue, request.shard).environment.read() as tx:
+            hosted = self._queue_and_shard(request.queue, request.shard)
+            with hosted.environment.read() as tx:
                 return export_pb2.JournalBounds(
-                    first_index=tx.first_log_index(), last_index=tx.last_index(), shards=shards
+                    first_index=tx.first_log_index(), last_index=committed_last_index(hosted, tx), shards=shards
                 )
         except ShardqError as error:
             await abort_with(context, error)
