@@ -1,6 +1,8 @@
 """Concurrent receives claim from a shard whose next batch is still taking requests, so
-they share its transaction and fsync (and their deletes later share commits too);
-unkeyed sends rotate over every shard, concurrent or not."""
+they share its transaction and fsync (and their deletes later share commits too).
+Unkeyed sends rotate over every shard one by one; a few concurrent ones share one
+shard's open batch (one fsync, not one per shard), and many spread over every shard
+again, so the writer's fsyncs and the event loop's work overlap."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import pathlib
 
 from shard_server.domain.messages import NewMessage
 from shard_server.runtime.committing import WriterThreads
-from shard_server.runtime.hosting import HostedQueue
+from shard_server.runtime.hosting import JOIN_OPEN_BATCHES_UP_TO_CALLS, HostedQueue
 from shardq.queues import QueueConfig
 
 CONFIG = QueueConfig(name="orders", shards=4)
@@ -23,15 +25,18 @@ def hosted_queue(directory: pathlib.Path, writers: WriterThreads) -> HostedQueue
     return HostedQueue(CONFIG, directory, map_size=1 << 26, writers=writers)
 
 
-def test_unkeyed_sends_rotate_over_every_shard(tmp_path: pathlib.Path) -> None:
+def test_unkeyed_sends_rotate_one_by_one_and_few_concurrent_ones_share_a_batch(tmp_path: pathlib.Path) -> None:
     async def scenario() -> None:
         writers = WriterThreads(1)
         queue = hosted_queue(tmp_path / "queue", writers)
         try:
-            together = await asyncio.gather(*(queue.send([message(number)]) for number in range(4)))
-            assert {outcomes[0].shard for outcomes in together} == set(range(CONFIG.shards))
-            one_by_one = [(await queue.send([message(number)]))[0].shard for number in range(4, 8)]
+            one_by_one = [(await queue.send([message(number)]))[0].shard for number in range(4)]
             assert set(one_by_one) == set(range(CONFIG.shards))
+            few = await asyncio.gather(*(queue.send([message(number)]) for number in range(4, 8)))
+            assert len({outcomes[0].shard for outcomes in few}) == 1
+            many = JOIN_OPEN_BATCHES_UP_TO_CALLS + 2 * CONFIG.shards
+            spread = await asyncio.gather(*(queue.send([message(number)]) for number in range(8, 8 + many)))
+            assert {outcomes[0].shard for outcomes in spread} == set(range(CONFIG.shards))
         finally:
             await queue.close()
             writers.shutdown()
