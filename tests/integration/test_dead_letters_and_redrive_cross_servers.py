@@ -11,10 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from shardq import Client, Message, SendResult
+from shardq import Client
 from shardq.coordination.cluster_map import QueueEntry
-from shardq.errors import NotLeader, Unavailable
-from tests.support.clusters import Cluster, running
+from tests.support.clusters import Cluster, running, send_once_led
 from tests.support.servers import drain, wait_for
 
 # orders on s1 and s2 (s1 leads); orders-dlq on s2 and s3 (s2 leads): s1 holds no DLQ copy,
@@ -34,19 +33,6 @@ def cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
             more_queues=[(QueueEntry(DLQ, {"shards": 1, "replicas": 2}), DLQ_PLACEMENT)],
         )
     )
-
-
-def send_once_led(client: Client, body: bytes) -> SendResult:
-    """The servers were only just started: s1 may still be coming up, or taking leadership."""
-
-    def attempt() -> SendResult | None:
-        try:
-            (sent,) = client.send_messages("orders", [Message(body)])
-        except (Unavailable, NotLeader):
-            return None
-        return sent
-
-    return wait_for(attempt, timeout=30, interval=0.1, what="orders led")
 
 
 def visible(client: Client, queue: str) -> int:

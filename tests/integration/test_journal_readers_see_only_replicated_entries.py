@@ -15,9 +15,8 @@ import pytest
 
 from shardq import Client, Message, SendResult
 from shardq.api.v1 import export_pb2, export_pb2_grpc
-from shardq.errors import NotLeader, Unavailable
 from tests.integration.scraping import samples, scrape_text, value
-from tests.support.clusters import Cluster, running
+from tests.support.clusters import Cluster, running, send_once_led
 from tests.support.servers import wait_for
 
 # One shard on s1 and s2; s1 leads.
@@ -54,15 +53,7 @@ def commits(cluster: Cluster) -> float:
 @pytest.mark.timeout(90)
 def test_an_entry_not_yet_on_the_follower_is_not_in_the_journal(cluster: Cluster) -> None:
     with Client(cluster.endpoint("s1"), route_directly=False) as client:
-
-        def send_once_led() -> SendResult | None:
-            try:
-                (sent,) = client.send_messages("orders", [Message(b"replicated")])
-            except (Unavailable, NotLeader):  # the servers were only just started
-                return None
-            return sent
-
-        first = wait_for(send_once_led, timeout=30, interval=0.1, what="orders led")
+        first = send_once_led(client, b"replicated")
         replicated_last = journal_last_index(cluster)
         assert first.message_id in sent_ids(cluster)
         committed_before = commits(cluster)

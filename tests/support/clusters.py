@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 
+from shardq import Client, Message, SendResult
 from shardq.coordination.cluster_map import (
     CLUSTER_FILE,
     ClusterMap,
@@ -29,7 +30,9 @@ from shardq.coordination.leases import LeaseConflict, LeaseRecord, LeaseStore
 from shardq.coordination.local_leases import LocalLeaseStore
 from shardq.coordination.placement import ShardId
 from shardq.coordination.takeovers import build_initial_lease
+from shardq.errors import NotLeader, Unavailable
 from tests.support.ports import free_port
+from tests.support.servers import wait_for
 
 LEASE_MS = 1_500
 SERVERS = ("s1", "s2", "s3")
@@ -184,3 +187,16 @@ def seed_cluster(
         except LeaseConflict:
             raise AssertionError(f"lease {record.name} exists already: seed a fresh lease store") from None
     return cluster
+
+
+def send_once_led(client: Client, body: bytes, *, queue: str = "orders") -> SendResult:
+    """One send, retried while the servers just started come up and take leadership."""
+
+    def attempt() -> SendResult | None:
+        try:
+            (sent,) = client.send_messages(queue, [Message(body)])
+        except (Unavailable, NotLeader):
+            return None
+        return sent
+
+    return wait_for(attempt, timeout=30, interval=0.1, what=f"{queue} led")
