@@ -639,7 +639,8 @@ class HostedQueue:
             if visible_at is None or visible_at > now:
                 continue  # a read transaction is far cheaper than a write batch
             wanted = max_messages - len(claimed)
-            shard.require_leader()
+            if not shard.is_local_leader():
+                continue  # led elsewhere since the caller listed it
             # Queued now, not from a task of its own a loop turn later: receives made in
             # the same turn then find this batch still taking requests, and share it.
             submitted = shard.committer.enqueue(
@@ -653,6 +654,12 @@ class HostedQueue:
             )
             try:
                 outcome = await asyncio.shield(submitted)
+            except ShardqError:
+                # This shard's claim was lost (its leadership went before it replicated):
+                # its messages come back at their timeout. What other shards claimed stands.
+                if claimed:
+                    break
+                raise
             except asyncio.CancelledError:
                 # The caller went away (a client cancelled, a consumer stream closed):
                 # what this call claimed, and what the claim in flight will claim,

@@ -35,7 +35,7 @@ from shard_server.service.converting import (
 )
 from shard_server.service.errors import abort_with, stream_error
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
-from shardq.errors import InvalidArgument, ShardqError
+from shardq.errors import InvalidArgument, Reason, ShardqError
 from shardq.queues import MAX_RECEIVE_BATCH
 
 Request = TypeVar("Request")
@@ -46,6 +46,10 @@ Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 # long a consumer stream waits in one receive before looking at its credits again.
 SEND_STREAM_IN_FLIGHT = 256
 CONSUME_POLL_MS = 1_000
+# A consume stream's receive failing for these reasons is a moment of failover (a shard
+# led elsewhere now, a claim lost with its leadership): the stream pauses and goes on.
+CONSUME_GOES_ON_AFTER = frozenset({Reason.NOT_LEADER, Reason.OUTCOME_UNKNOWN, Reason.UNAVAILABLE})
+CONSUME_RETRY_S = 0.05
 
 
 def is_forwarded(context: Context) -> bool:
@@ -61,11 +65,11 @@ def _pinned_shard(request: queue_pb2.SendMessagesRequest | queue_pb2.ReceiveMess
     return request.shard
 
 
-def _unsent_receipts(outgoing: asyncio.Queue[queue_pb2.ConsumeResponse | None]) -> list[str]:
+def _unsent_receipts(outgoing: asyncio.Queue[queue_pb2.ConsumeResponse | ShardqError | None]) -> list[str]:
     receipts: list[str] = []
     while not outgoing.empty():
         frame = outgoing.get_nowait()
-        if frame is not None and frame.HasField("messages"):
+        if isinstance(frame, queue_pb2.ConsumeResponse) and frame.HasField("messages"):
             receipts.extend(message.receipt for message in frame.messages.messages)
     return receipts
 
@@ -369,7 +373,8 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             await abort_with(context, error)
             return
 
-        outgoing: asyncio.Queue[queue_pb2.ConsumeResponse | None] = asyncio.Queue()
+        # Responses; None when the client's side ended, an error when the stream must end with it.
+        outgoing: asyncio.Queue[queue_pb2.ConsumeResponse | ShardqError | None] = asyncio.Queue()
         credits = 0
         credit_granted = asyncio.Event()
         acks: set[asyncio.Task[None]] = set()
@@ -424,11 +429,20 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                 # Claim for every credit at once (one commit round trip) and push
                 # in frames of max_batch: round trips, not frames, bound the rate.
                 # (Cancelled as the stream ends, a receive gives back what it claimed.)
-                received = await queue.receive(
-                    max_messages=min(credits, MAX_RECEIVE_BATCH),
-                    visibility_timeout_ms=visibility,
-                    wait_ms=CONSUME_POLL_MS,
-                )
+                try:
+                    received = await queue.receive(
+                        max_messages=min(credits, MAX_RECEIVE_BATCH),
+                        visibility_timeout_ms=visibility,
+                        wait_ms=CONSUME_POLL_MS,
+                    )
+                except ShardqError as error:
+                    # Before, the pusher died here and the stream stayed open pushing
+                    # nothing: its consumer waited forever (found by the demo's failover).
+                    if error.reason not in CONSUME_GOES_ON_AFTER:
+                        outgoing.put_nowait(error)
+                        return
+                    await asyncio.sleep(CONSUME_RETRY_S)
+                    continue
                 credits -= len(received)
                 for frame in received_frames(received, max_batch, _consume_frame):
                     outgoing.put_nowait(frame)
@@ -437,6 +451,9 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         pusher = asyncio.create_task(push_messages())
         try:
             while (response := await outgoing.get()) is not None:
+                if isinstance(response, ShardqError):
+                    await abort_with(context, response)
+                    return
                 yield response
         finally:
             pusher.cancel()
