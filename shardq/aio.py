@@ -703,12 +703,22 @@ class ConsumerStream:
                     if future is not None and not future.done():
                         future.set_result(response.ack)
             self._inbox.put_nowait(None)
+            self._fail_acks(OutcomeUnknown("the consumer stream ended with acknowledgements unanswered"))
         except grpc.RpcError as error:
             failure = error_from_rpc(error, queue=self.queue)
             self._inbox.put_nowait(failure)
-            for future in self._acks.values():
-                if not future.done():
-                    future.set_exception(failure)
+            if isinstance(failure, Unavailable) and not never_sent(error):
+                # Sent on a stream that was up: the server may have applied them.
+                failure = OutcomeUnknown(
+                    f"the consumer stream broke with acknowledgements in flight ({failure.message})"
+                )
+            self._fail_acks(failure)
+
+    def _fail_acks(self, failure: ShardqError) -> None:
+        acks, self._acks = self._acks, {}
+        for future in acks.values():
+            if not future.done():
+                future.set_exception(failure)
 
     async def messages(self) -> AsyncIterator[ReceivedMessage]:
         # Grant credits back in quarters to keep the request stream quiet.
@@ -732,6 +742,10 @@ class ConsumerStream:
     async def _acknowledge(
         self, *, delete: Sequence[str], release: Sequence[str], reason: str = ""
     ) -> queue_pb2.AckResult:
+        if self._reader is not None and self._reader.done():
+            # Nobody would ever answer it (a delete then waited forever, and so did
+            # run_consumer, which waits for its handlers: found by the demo's failover).
+            raise Unavailable("the consumer stream has ended: open another to acknowledge")
         ack_id = next(self._ack_ids)
         future: asyncio.Future[queue_pb2.AckResult] = asyncio.get_running_loop().create_future()
         self._acks[ack_id] = future

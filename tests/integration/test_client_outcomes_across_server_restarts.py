@@ -20,7 +20,7 @@ import pytest
 from shardq import AsyncClient, Client, Message
 from shardq.aio import CONNECT_GRACE_S
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
-from shardq.errors import OutcomeUnknown
+from shardq.errors import OutcomeUnknown, ShardqError, Unavailable
 from tests.support.servers import ServerProcess, wait_in_flight
 
 QUEUE = "orders-dlq"
@@ -109,6 +109,25 @@ def test_a_delete_cut_off_mid_call_is_outcome_unknown(server: ServerProcess) -> 
         deleting.join(timeout=30)
         (error,) = errors
         assert isinstance(error, OutcomeUnknown), repr(error)
+
+
+def test_a_delete_on_a_consumer_stream_that_ended_fails_instead_of_waiting(server: ServerProcess) -> None:
+    """Nobody answers an acknowledgement on a stream that has ended: a delete there waited
+    forever, and run_consumer with it (it waits for its handlers), as the demo found."""
+
+    async def scenario() -> None:
+        async with AsyncClient(server.endpoint, route_directly=False) as client:
+            await client.send_messages(QUEUE, [Message(b"claimed")])
+            async with client.consume(QUEUE, credits=1) as stream:
+                message = await anext(aiter(stream.messages()))
+                server.kill()
+                with pytest.raises(ShardqError):
+                    async for _ in stream.messages():  # the stream ends with an error
+                        pass
+                with pytest.raises(Unavailable, match="consumer stream has ended"):
+                    await asyncio.wait_for(stream.delete([message.receipt]), timeout=10)
+
+    asyncio.run(scenario())
 
 
 NOISY_SCRIPT = textwrap.dedent(
