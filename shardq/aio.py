@@ -56,6 +56,14 @@ def never_sent(error: grpc.RpcError) -> bool:
     return "failed to connect" in details or "Connection refused" in details
 
 
+def unknown_if_sent(error: grpc.RpcError, failure: ShardqError, what: str) -> ShardqError:
+    """`failure` (from `error`), or OutcomeUnknown when the connection failed with `what`
+    already sent: the server may have applied it, and UNAVAILABLE would say it did not."""
+    if isinstance(failure, Unavailable) and not never_sent(error):
+        return OutcomeUnknown(f"{what}, which may or may not have been applied ({failure.message})")
+    return failure
+
+
 async def _connects_within(channel: grpc.aio.Channel, seconds: float) -> bool:
     """Whether `channel` is connected (READY) within `seconds`."""
     try:
@@ -151,14 +159,8 @@ class ProducerStream:
                 else:
                     future.set_result(answer.response)
         except grpc.RpcError as error:
-            failure = error_from_rpc(error)
-            if self._waiting and isinstance(failure, Unavailable) and not never_sent(error):
-                # The stream was up: the batches waiting may have been stored. Calling that
-                # UNAVAILABLE ("nothing applied") would invite a repeat that stores them twice.
-                failure = OutcomeUnknown(
-                    f"the producer stream broke with batches in flight, which may or may not have been stored "
-                    f"({failure.message})"
-                )
+            # A repeat of a batch called UNAVAILABLE ("nothing applied") may store it twice.
+            failure = unknown_if_sent(error, error_from_rpc(error), "the producer stream broke with batches in flight")
             for future in self._waiting.values():
                 if not future.done():
                     future.set_exception(failure)
@@ -370,11 +372,8 @@ class AsyncClient:
                         continue
                     raise error_from_rpc(error, queue=queue) from None  # it never came up
                 failure = error_from_rpc(error, queue=queue)
-                if not idempotent and isinstance(failure, Unavailable):
-                    raise OutcomeUnknown(
-                        f"the connection failed during the call, which may or may not have been applied "
-                        f"({failure.message})"
-                    ) from None
+                if not idempotent:
+                    failure = unknown_if_sent(error, failure, "the connection failed during the call")
                 raise failure from None
 
     # -- sending -------------------------------------------------------------------
@@ -707,12 +706,9 @@ class ConsumerStream:
         except grpc.RpcError as error:
             failure = error_from_rpc(error, queue=self.queue)
             self._inbox.put_nowait(failure)
-            if isinstance(failure, Unavailable) and not never_sent(error):
-                # Sent on a stream that was up: the server may have applied them.
-                failure = OutcomeUnknown(
-                    f"the consumer stream broke with acknowledgements in flight ({failure.message})"
-                )
-            self._fail_acks(failure)
+            self._fail_acks(
+                unknown_if_sent(error, failure, "the consumer stream broke with acknowledgements in flight")
+            )
 
     def _fail_acks(self, failure: ShardqError) -> None:
         acks, self._acks = self._acks, {}

@@ -84,7 +84,8 @@ class CommitReport:
     log_index: int
     at_ms: int
     epoch: int
-    # The newest message seq once the batch committed: durable when the batch is.
+    # Replicated shards: the newest message seq once the batch committed (durable when
+    # the batch has replicated); 0 otherwise.
     last_seq: int = 0
 
 
@@ -304,11 +305,14 @@ class GroupCommitter:
         outcomes: list[tuple[bool, Any]] = []
 
         last_seq = 0
+        may_answer_early = any(request.answer_before_commit is not None for request in batch)
 
         def run_all(tx: LmdbShardTransaction) -> None:
             nonlocal last_seq
-            # Sends committed before this batch are durable, unless they still replicate.
-            durable_seq = tx.last_seq() if self._replicated is None else self._replicated_seq
+            durable_seq = 0
+            if may_answer_early:
+                # Sends committed before this batch are durable, unless they still replicate.
+                durable_seq = tx.last_seq() if self._replicated is None else self._replicated_seq
             early: list[tuple[asyncio.Future[Any], bool, Any]] = []
             for request in batch:
                 try:
@@ -321,7 +325,8 @@ class GroupCommitter:
                     early.append((request.future, *outcome))
             if early:
                 loop.call_soon_threadsafe(_resolve_all, early)
-            last_seq = tx.last_seq()
+            if self._replicated is not None:  # what _replicated_seq advances to once replicated
+                last_seq = tx.last_seq()
 
         _, index = self.environment.write(run_all, epoch=context.epoch, at_ms=now_ms)
         return outcomes, CommitReport(len(batch), index, now_ms, context.epoch, last_seq)
@@ -366,11 +371,6 @@ class GroupCommitter:
             # Replicated through this batch means through every batch before it too.
             self._replicated_seq = max(self._replicated_seq, report.last_seq)
             _resolve_all(answers)
-
-    def use_environment(self, environment: ShardEnvironment) -> None:
-        """Commit to `environment` from now on (a follower bootstrapped from a snapshot)."""
-        self.environment = environment
-        self._replicated_seq = 0
 
     async def run_exclusive(self, work: Callable[[], T]) -> T:
         """Run `work` on the writer thread, between batches (follower appends, snapshots).

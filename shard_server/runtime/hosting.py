@@ -170,7 +170,8 @@ class HostedShard:
 
     def replace_environment(self, environment: ShardEnvironment) -> None:
         self.environment = environment
-        self.committer.use_environment(environment)
+        # The swap ran through run_exclusive, which already forgot what counted as replicated.
+        self.committer.environment = environment
         with environment.read() as tx:
             self.last_written_index = tx.last_index()
 
