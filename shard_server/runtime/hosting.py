@@ -102,6 +102,9 @@ class Leadership(Protocol):
 
     async def wait_committed(self, index: int, epoch: int) -> None: ...
 
+    async def readable_through(self, index: int) -> int:
+        """The last entry up to `index` a journal reader may see: committed."""
+
     def note_local_commit(self, index: int) -> None: ...
 
     def follower_lag(self) -> dict[str, int]: ...

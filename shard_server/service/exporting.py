@@ -22,7 +22,6 @@ from shard_server.domain.messages import Delivery, DeliveryState, MessageRecord,
 from shard_server.runtime.committing import wall_clock_ms
 from shard_server.runtime.hosting import HostedShard, QueueHost
 from shard_server.service.errors import abort_with
-from shard_server.storage.lmdb_store import LmdbShardTransaction
 from shardq.api.v1 import export_pb2, export_pb2_grpc
 from shardq.errors import InvalidArgument, ShardqError
 
@@ -130,14 +129,15 @@ def journal_events(shard: int, entry: LogEntry) -> Iterator[export_pb2.JournalEv
             )
 
 
-def committed_last_index(shard: HostedShard, tx: LmdbShardTransaction) -> int:
+async def readable_last_index(shard: HostedShard, last_index: int) -> int:
     """The journal's last entry a reader may see: on a replicated shard, the last one every
     in-sync replica holds. An entry past it may still be lost in a failover, and an
-    analytics job must not count events that then never happened."""
-    last = tx.last_index()
+    analytics job must not count events that then never happened. Right after a failover
+    it waits (bounded) for what the new leader inherited to be known committed: a reader
+    then is not shown a journal cut short."""
     if shard.replica is not None:
-        return min(last, shard.replica.commit_index)
-    return last
+        return await shard.replica.readable_through(last_index)
+    return last_index
 
 
 def _batch_size(requested: int) -> int:
@@ -217,10 +217,9 @@ class ExportServicer(export_pb2_grpc.ExportServiceServicer):
             await abort_with(context, error)
             return
 
-        def bounds() -> tuple[int, int]:
+        def stored_bounds() -> tuple[int, int]:
             with shard.environment.read() as tx:
-                last = committed_last_index(shard, tx)
-                return max(request.from_index, tx.first_log_index()), min(request.to_index or last + 1, last + 1)
+                return tx.first_log_index(), tx.last_index()
 
         def read_batch(start: int, end: int) -> tuple[list[export_pb2.JournalEvent], int]:
             # Its own short transaction, opened and closed in this worker thread:
@@ -236,7 +235,9 @@ class ExportServicer(export_pb2_grpc.ExportServiceServicer):
             return events, last
 
         try:
-            start, end = await asyncio.to_thread(bounds)
+            first, written = await asyncio.to_thread(stored_bounds)
+            readable = await readable_last_index(shard, written)
+            start, end = max(request.from_index, first), min(request.to_index or readable + 1, readable + 1)
             while start < end:
                 events, last = await asyncio.to_thread(read_batch, start, end)
                 if not last:
@@ -253,9 +254,10 @@ class ExportServicer(export_pb2_grpc.ExportServiceServicer):
             shards = self.host.get(request.queue).config.shards
             hosted = self._queue_and_shard(request.queue, request.shard)
             with hosted.environment.read() as tx:
-                return export_pb2.JournalBounds(
-                    first_index=tx.first_log_index(), last_index=committed_last_index(hosted, tx), shards=shards
-                )
+                first, last = tx.first_log_index(), tx.last_index()
+            return export_pb2.JournalBounds(
+                first_index=first, last_index=await readable_last_index(hosted, last), shards=shards
+            )
         except ShardqError as error:
             await abort_with(context, error)
             raise

@@ -61,6 +61,11 @@ MAX_APPEND_ENTRIES = 512
 MAX_APPEND_BYTES = 8 << 20
 # A follower that has not caught up for this long leaves the ISR (after CAS).
 ISR_LAG_MS = 1_000
+# How long a journal reader waits for entries a new leader inherited to be known
+# committed: it learned the old leader's commit index a heartbeat late, and its own
+# needs its followers' first answers, or a dead follower dropped from the ISR
+# (ISR_LAG_MS, then a lease write).
+READERS_WAIT_FOR_COMMIT_S = 3.0
 SNAPSHOT_CHUNK = 1 << 20
 
 
@@ -141,6 +146,13 @@ class ShardReplica:
         self.role = Role.FOLLOWER
         self.leader_id = ""
         self.commit_index = 0
+        # The last entry known committed, in any epoch: learned from the leader as a
+        # follower, kept through a promotion (where commit_index starts over), so a
+        # new leader's readers see at once what the old leader had committed.
+        self.known_committed_index = 0
+        self._readers: list[tuple[int, asyncio.Future[None]]] = []
+        # The last entry written in an earlier epoch, when this replica last took the lead.
+        self._inherited_last_index = 0
         self.isr: frozenset[str] = frozenset(self.replicas)
         self._reopen = reopen
         self._serving_until_ms = 0
@@ -199,6 +211,34 @@ class ShardReplica:
         self._waiters.append((epoch, index, future))
         self._advance_commit()
         await future
+
+    async def readable_through(self, index: int) -> int:
+        """The last entry a reader may see, up to `index`: the last known committed. An
+        entry past it may still be lost in a failover, so a journal reader must not count
+        it yet. Entries this leader inherited from an earlier epoch are waited for (at most
+        READERS_WAIT_FOR_COMMIT_S): the old leader may have acknowledged them while this
+        replica, which learns the commit index a heartbeat late, did not yet know."""
+        inherited = min(index, self._inherited_last_index)
+        if self.known_committed_index < inherited:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._readers = [(wanted, f) for wanted, f in self._readers if not f.done()]  # timed out
+            self._readers.append((inherited, future))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(future, timeout=READERS_WAIT_FOR_COMMIT_S)
+        return min(index, self.known_committed_index)
+
+    def _learn_committed(self, index: int) -> None:
+        if index <= self.known_committed_index:
+            return
+        self.known_committed_index = index
+        waiting, self._readers = self._readers, []
+        for wanted, future in waiting:
+            if future.done():
+                continue
+            if wanted <= index:
+                future.set_result(None)
+            else:
+                self._readers.append((wanted, future))
 
     def use_cluster(self, cluster: ClusterMap) -> None:
         """Run with a new cluster map. When the shard's replicas changed (a replica move,
@@ -290,6 +330,7 @@ class ShardReplica:
         await self.shard.committer.run_exclusive(lambda: replica_log.apply_whole_log(environment, fifo=fifo))
         self.shard.epoch = epoch
         _, _, last, _ = replica_log.replica_indexes(environment)
+        self._inherited_last_index = last
         self._fail_waiters()  # nothing from an earlier term may be answered by this one
         self.isr = isr_of(lease) or frozenset(self.replicas)
         self._recorded_incarnations = incarnations_of(lease)
@@ -400,6 +441,7 @@ class ShardReplica:
             isr=self.isr,
             current=self.commit_index,
         )
+        self._learn_committed(self.commit_index)
         if not self._waiters:
             return
         remaining = []
@@ -556,6 +598,9 @@ class ShardReplica:
         )
         self.leader_id = request.leader_id
         self.commit_index = max(self.commit_index, min(request.commit_index, outcome.last_index))
+        if outcome.result is replica_log.AppendResult.OK:
+            # Only what this append matched: a longer tail here may be an old epoch's.
+            self._learn_committed(min(request.commit_index, request.prev_index + len(entries)))
         if outcome.result is replica_log.AppendResult.NEEDS_SNAPSHOT and self._recovering is None:
             self._recovering = asyncio.create_task(self._bootstrap(request.leader_id))
         return replication_pb2.AppendResponse(
