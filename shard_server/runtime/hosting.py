@@ -105,6 +105,9 @@ class Leadership(Protocol):
     async def readable_through(self, index: int) -> int:
         """The last entry up to `index` a journal reader may see: committed."""
 
+    async def wait_known_committed(self, index: int) -> bool:
+        """Whether entry `index` is committed, waiting (bounded) for it."""
+
     def note_local_commit(self, index: int) -> None: ...
 
     def follower_lag(self) -> dict[str, int]: ...

@@ -23,7 +23,7 @@ from shard_server.runtime.committing import wall_clock_ms
 from shard_server.runtime.hosting import HostedShard, QueueHost
 from shard_server.service.errors import abort_with
 from shardq.api.v1 import export_pb2, export_pb2_grpc
-from shardq.errors import InvalidArgument, ShardqError
+from shardq.errors import InvalidArgument, ShardqError, Unavailable
 
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 DEFAULT_BATCH = 1_000
@@ -180,6 +180,18 @@ class ExportServicer(export_pb2_grpc.ExportServiceServicer):
             return
         try:
             snapshot_index = held.run(lambda tx: tx.last_index())
+            # Every message in the snapshot must be stored on every in-sync replica: one
+            # whose send is not yet replicated could be lost in a failover (and was never
+            # acknowledged), and a report must not count it.
+            if shard.replica is not None and not await shard.replica.wait_known_committed(snapshot_index):
+                await abort_with(
+                    context,
+                    Unavailable(
+                        f"shard {request.shard} of {request.queue!r}: its latest writes are not yet on every "
+                        "in-sync replica; retry"
+                    ),
+                )
+                return
             rows = held.tx.iter_messages()  # a generator: it touches the cursor only inside held.run
 
             def next_batch(_tx: object) -> list[export_pb2.ExportedMessage]:

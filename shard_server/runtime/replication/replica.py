@@ -61,10 +61,10 @@ MAX_APPEND_ENTRIES = 512
 MAX_APPEND_BYTES = 8 << 20
 # A follower that has not caught up for this long leaves the ISR (after CAS).
 ISR_LAG_MS = 1_000
-# How long a journal reader waits for entries a new leader inherited to be known
-# committed: it learned the old leader's commit index a heartbeat late, and its own
-# needs its followers' first answers, or a dead follower dropped from the ISR
-# (ISR_LAG_MS, then a lease write).
+# How long a reader waits for what it would show to be known committed: a new leader
+# learned the old leader's commit index a heartbeat late, and its own needs its
+# followers' first answers, or a silent follower dropped from the ISR (ISR_LAG_MS,
+# then a lease write).
 READERS_WAIT_FOR_COMMIT_S = 3.0
 SNAPSHOT_CHUNK = 1 << 20
 
@@ -215,17 +215,22 @@ class ShardReplica:
     async def readable_through(self, index: int) -> int:
         """The last entry a reader may see, up to `index`: the last known committed. An
         entry past it may still be lost in a failover, so a journal reader must not count
-        it yet. Entries this leader inherited from an earlier epoch are waited for (at most
-        READERS_WAIT_FOR_COMMIT_S): the old leader may have acknowledged them while this
-        replica, which learns the commit index a heartbeat late, did not yet know."""
-        inherited = min(index, self._inherited_last_index)
-        if self.known_committed_index < inherited:
+        it yet. Entries this leader inherited from an earlier epoch are waited for: the
+        old leader may have acknowledged them while this replica, which learns the
+        commit index a heartbeat late, did not yet know."""
+        await self.wait_known_committed(min(index, self._inherited_last_index))
+        return min(index, self.known_committed_index)
+
+    async def wait_known_committed(self, index: int) -> bool:
+        """Whether entry `index` is known committed, after waiting for it at most
+        READERS_WAIT_FOR_COMMIT_S."""
+        if self.known_committed_index < index:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._readers = [(wanted, f) for wanted, f in self._readers if not f.done()]  # timed out
-            self._readers.append((inherited, future))
+            self._readers.append((index, future))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(future, timeout=READERS_WAIT_FOR_COMMIT_S)
-        return min(index, self.known_committed_index)
+        return self.known_committed_index >= index
 
     def _learn_committed(self, index: int) -> None:
         if index <= self.known_committed_index:

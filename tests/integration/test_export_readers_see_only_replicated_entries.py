@@ -1,6 +1,7 @@
 """A replicated shard's journal ends at what every in-sync replica holds: an entry the
 leader wrote but its follower has not, which a failover could still lose, is not shown
-to a journal reader (the Spark report) until it is replicated. And right after a
+to a journal reader (the Spark report) until it is replicated; a message snapshot
+waits for it to be replicated before it shows the message. And right after a
 failover the new leader shows what the old one had committed: its own commit index
 starts over, and stayed at 0 while its dead predecessor was still in the ISR, so a
 report read then lost the whole shard."""
@@ -53,8 +54,22 @@ def sent_ids(cluster: Cluster, server: str = "s1") -> set[str]:
     return {event.message_id for event in events if event.type == export_pb2.JOURNAL_EVENT_TYPE_SENT}
 
 
+def exported_bodies(cluster: Cluster) -> set[bytes]:
+    with grpc.insecure_channel(cluster.endpoint("s1")) as channel:
+        stub = export_pb2_grpc.ExportServiceStub(channel)
+        request = export_pb2.ExportMessagesRequest(queue="orders", shard=0, include_body=True)
+        return {message.body for batch in stub.ExportMessages(request, timeout=10) for message in batch.messages}
+
+
 def commits(cluster: Cluster) -> float:
     return value(samples(scrape_text(cluster.metrics_url("s1"))), "shardq_commits_total", queue="orders", shard="0")
+
+
+def follower_in_sync(cluster: Cluster) -> bool:
+    """s1 counts s2 among its in-sync replicas: a write then waits for s2 (a follower
+    that started late or lagged is out of the ISR until s1 re-admits it)."""
+    metrics = samples(scrape_text(cluster.metrics_url("s1")))
+    return value(metrics, "shardq_shard_in_sync_replicas", queue="orders", shard="0") == 2
 
 
 def known_commit_index(cluster: Cluster, server: str) -> float:
@@ -68,6 +83,7 @@ def test_an_entry_not_yet_on_the_follower_is_not_in_the_journal(cluster: Cluster
         first = send_once_led(client, b"replicated")
         replicated_last = journal_last_index(cluster)
         assert first.message_id in sent_ids(cluster)
+        wait_for(lambda: follower_in_sync(cluster), timeout=10, what="s2 in the ISR")
         committed_before = commits(cluster)
 
         os.kill(cluster.processes["s2"].pid, signal.SIGSTOP)  # the follower stops taking entries
@@ -96,6 +112,42 @@ def test_an_entry_not_yet_on_the_follower_is_not_in_the_journal(cluster: Cluster
         ((stored,),) = (unreplicated,)
         wait_for(lambda: stored.message_id in sent_ids(cluster), timeout=10, what="the entry in the journal")
         assert journal_last_index(cluster) > replicated_last
+
+
+@pytest.mark.timeout(90)
+def test_a_snapshot_shows_a_message_only_once_its_send_is_replicated(cluster: Cluster) -> None:
+    with Client(cluster.endpoint("s1"), route_directly=False) as client:
+        send_once_led(client, b"replicated")
+        assert exported_bodies(cluster) == {b"replicated"}
+        wait_for(lambda: follower_in_sync(cluster), timeout=10, what="s2 in the ISR")
+        committed_before = commits(cluster)
+
+        os.kill(cluster.processes["s2"].pid, signal.SIGSTOP)  # the follower stops taking entries
+        try:
+            answered_at: list[float] = []
+
+            def send_unreplicated() -> None:
+                client.send_messages("orders", [Message(b"only on the leader")])
+                answered_at.append(time.monotonic())
+
+            sending = threading.Thread(target=send_unreplicated, daemon=True)
+            sending.start()
+            # Committed on s1, not on s2: the send is answered only once s1 drops the
+            # silent follower from the ISR (after 1 s); s2 stays stopped until then.
+            wait_for(lambda: commits(cluster) > committed_before, timeout=5, interval=0.01, what="the local commit")
+            exported = exported_bodies(cluster)
+            exported_at = time.monotonic()
+            sending.join(timeout=30)
+        finally:
+            os.kill(cluster.processes["s2"].pid, signal.SIGCONT)
+        assert answered_at, "the send was never answered"
+        assert b"replicated" in exported
+        if b"only on the leader" in exported:
+            # Shown, so it had to be committed (the ISR shrank) before the snapshot was
+            # answered: the send's answer follows within moments, not a second later.
+            assert answered_at[0] - exported_at < 0.5, (
+                f"the snapshot showed a message {answered_at[0] - exported_at:.2f}s before its send was committed"
+            )
 
 
 @pytest.mark.timeout(90)
