@@ -50,8 +50,9 @@ from tests.faults.history import (
 T = TypeVar("T")
 EndpointSource = Callable[[], Sequence[str]]
 
-# Errors after which another endpoint may do better.
-ROTATE_ON = frozenset({Reason.NOT_LEADER, Reason.UNAVAILABLE, Reason.SHUTTING_DOWN})
+# Errors after which another endpoint may do better (OUTCOME_UNKNOWN: the connection
+# broke or the leadership was lost under the call, as a killed leader's does).
+ROTATE_ON = frozenset({Reason.NOT_LEADER, Reason.UNAVAILABLE, Reason.SHUTTING_DOWN, Reason.OUTCOME_UNKNOWN})
 TIMEOUT = "TIMEOUT"
 BACKOFF_S = 0.05
 BACKOFF_MAX_S = 0.5
