@@ -50,6 +50,8 @@ CONSUME_POLL_MS = 1_000
 # led elsewhere now, a claim lost with its leadership): the stream pauses and goes on.
 CONSUME_GOES_ON_AFTER = frozenset({Reason.NOT_LEADER, Reason.OUTCOME_UNKNOWN, Reason.UNAVAILABLE})
 CONSUME_RETRY_S = 0.05
+# How long a queue's counts wait for the other leaders' (asked all at once).
+REMOTE_COUNTS_WITHIN_S = 10.0
 
 
 def is_forwarded(context: Context) -> bool:
@@ -224,12 +226,18 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             for shard, s in stats
         ]
         if not forwarded and queue.router is not None:
-            for leader in queue.remote_leaders():
+            calls = queue.router.calls
+
+            async def counted_by(leader: str) -> list[queue_pb2.ShardAttributes]:
                 try:
-                    remote = await queue.router.calls.queue_attributes(leader, queue.config.name, timeout_s=10)
+                    remote = await calls.queue_attributes(leader, queue.config.name, timeout_s=REMOTE_COUNTS_WITHIN_S)
                 except ShardqError:
-                    continue  # counts are approximate; an unreachable leader's shards are missing
-                shards.extend(remote.shards)
+                    return []  # counts are approximate; an unreachable leader's shards are missing
+                return list(remote.shards)
+
+            # All leaders at once: a hung one costs the call one deadline, not one each.
+            for remote_shards in await asyncio.gather(*(counted_by(leader) for leader in queue.remote_leaders())):
+                shards.extend(remote_shards)
         shards.sort(key=lambda a: a.shard)
         oldest = min((a.oldest_sent_at_ms for a in shards if a.oldest_sent_at_ms), default=0)
         return queue_pb2.QueueAttributes(
