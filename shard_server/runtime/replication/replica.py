@@ -154,6 +154,9 @@ class ShardReplica:
         # The last entry written in an earlier epoch, when this replica last took the lead.
         self._inherited_last_index = 0
         self.isr: frozenset[str] = frozenset(self.replicas)
+        # Followers being written into the ISR: counted for commits from the moment the
+        # leader decides to re-admit them (when they hold every entry written).
+        self._joining: frozenset[str] = frozenset()
         self._reopen = reopen
         self._serving_until_ms = 0
         self._renewed_at_ms = 0
@@ -443,7 +446,11 @@ class ShardReplica:
             last_written=self.shard.last_written_index,
             match=self._match,
             followers=self.followers,
-            isr=self.isr,
+            # A joiner counts already: an entry committed without it while the lease
+            # write was in flight would be missing from an ISR member, which could then
+            # be promoted without it (and the member was dropped again at once for
+            # lacking a committed entry: the ISR flapped on every rejoin under load).
+            isr=self.isr | self._joining,
             current=self.commit_index,
         )
         self._learn_committed(self.commit_index)
@@ -545,6 +552,7 @@ class ShardReplica:
         incarnations = {member: self._incarnations[member] for member in wanted if member in self._incarnations}
         if wanted != self.isr or incarnations != self._recorded_incarnations:
             self._isr_changing = True
+            self._joining = wanted - self.isr
             asyncio.get_running_loop().create_task(self._write_isr(wanted, incarnations))
 
     async def _write_isr(self, isr: frozenset[str], incarnations: dict[str, str]) -> None:
@@ -565,6 +573,9 @@ class ShardReplica:
             pass  # retried on the next check
         finally:
             self._isr_changing = False
+            if self._joining:
+                self._joining = frozenset()  # members now, or not admitted after all
+                self._advance_commit()
 
     # -- follower -------------------------------------------------------------------------
     async def append(self, request: replication_pb2.AppendRequest) -> replication_pb2.AppendResponse:
