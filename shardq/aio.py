@@ -45,6 +45,9 @@ CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2_000),
+    # A leader's pod that restarted is at a new address under the same DNS name: look it
+    # up again within a second, not gRPC's default 30 s.
+    ("grpc.dns_min_time_between_resolutions_ms", 500),
 ]
 
 
