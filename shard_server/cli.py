@@ -15,6 +15,7 @@ from shard_server.server import ServerSettings, serve
 from shardq import event_loops
 from shardq.coordination.cluster_map import cluster_map_from_text, read_cluster_map
 from shardq.coordination.leases import LeaseStore
+from shardq.durations import parse_duration_ms
 
 if TYPE_CHECKING:
     from shardq.coordination.kubernetes_maps import ConfigMapSource
@@ -95,6 +96,13 @@ def load_queue_file(path: pathlib.Path) -> list[QueueConfig]:
     help="with --lease-store kubernetes: follow the cluster map in this ConfigMap (key cluster.json) instead of a file",
 )
 @click.option(
+    "--sync-before-ready",
+    default="120s",
+    show_default=True,
+    help="cluster mode: report ready (gRPC health) only once every replica here is in sync, "
+    "or after this long at most; 0 reports ready at once",
+)
+@click.option(
     "--queues-managed-by",
     default=None,
     help='refuse runtime queue changes, naming where queues are defined (e.g. "Queue resources in namespace x")',
@@ -117,6 +125,7 @@ def serve_command(
     namespace: str | None,
     lease_watch: bool,
     cluster_configmap: str | None,
+    sync_before_ready: str,
     queues_managed_by: str | None,
 ) -> None:
     """Run a shard server hosting the given queues (or its replicas of a cluster's queues)."""
@@ -130,6 +139,10 @@ def serve_command(
             configs += cluster.queue_configs()
         size = _parse_size(map_size)
         loop = event_loops.resolve(event_loop)
+        try:
+            sync_before_ready_ms = parse_duration_ms(sync_before_ready)
+        except ValueError as error:
+            raise ValueError(f"--sync-before-ready: {error}") from None
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     if cluster is not None and (not server_id or lease_store is None):
@@ -172,6 +185,7 @@ def serve_command(
             server_id=server_id,
             lease_store=leases,
             queues_managed_by=queues_managed_by,
+            sync_before_ready_s=sync_before_ready_ms / 1000,
         )
         try:
             event_loops.run(serve(settings), choice=loop)

@@ -22,6 +22,7 @@ from shard_server.runtime.forwarding import Router
 from shard_server.runtime.hosting import QueueHost
 from shard_server.runtime.map_following import ClusterMapFile, ClusterMapFollower, MapSource
 from shard_server.runtime.queue_admin import QueueAdmin, runtime_configs
+from shard_server.runtime.readiness import announce_ready, report_ready_once_in_sync
 from shard_server.runtime.replication.peers import PeerChannels
 from shard_server.runtime.replication.replicas import Replicas
 from shard_server.service.decoding import RejectingUndecodable
@@ -74,6 +75,9 @@ class ServerSettings:
     # cluster map, the operator's Queue resources); runtime queue management then
     # refuses and names it.
     queues_managed_by: str | None = None
+    # Cluster mode: how long a starting server waits for its replicas to be in sync
+    # before it reports ready anyway (0: ready at once); see runtime.readiness.
+    sync_before_ready_s: float = 120.0
 
 
 def _can_bind(settings: ServerSettings) -> bool:
@@ -153,6 +157,11 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         service_names.append(replication_pb2.DESCRIPTOR.services_by_name["ReplicationService"].full_name)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    # Ready (service "", what the readiness probe asks) once the replicas are in sync;
+    # the servicer starts with "" SERVING, so it is turned off before the port opens.
+    gate_readiness = replicas is not None and settings.sync_before_ready_s > 0
+    if gate_readiness:
+        await health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
     reflection.enable_server_reflection(service_names, server)
     try:
         # Checked first: gRPC's own failure is a log line from its C core, then an exception.
@@ -211,7 +220,7 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
                 admin.map_file = ClusterMapFile(settings.cluster_file, leases, now_ms=wall_clock_ms)
                 admin.follower = follower
     await server.start()
-    for name in ("", *service_names):
+    for name in service_names:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     metrics_note = f", metrics on {settings.host}:{settings.metrics_port}" if settings.metrics_port is not None else ""
     # The loop (`--event-loop`) is named once serving, so a start that fails says one thing only.
@@ -223,6 +232,15 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         event_loops.name_of(asyncio.get_running_loop()),
     )
     print(f"shardq: listening on {host.advertised_address}", file=sys.stderr, flush=True)
+    if gate_readiness:
+        assert replicas is not None
+        tasks.append(
+            asyncio.create_task(
+                report_ready_once_in_sync(health_servicer, replicas.out_of_sync, within_s=settings.sync_before_ready_s)
+            )
+        )
+    else:
+        await announce_ready(health_servicer)
     try:
         await stop.wait()
     finally:

@@ -3,7 +3,8 @@
 Each server runs in its own session, so a Ctrl-C in the supervisor's terminal reaches
 the supervisor alone and the servers stop in the order it chooses (SIGTERM, then
 SIGKILL after a deadline). Output goes to one log file per server, appended across
-restarts; readiness is the server's own `listening on` line, read from that log.
+restarts; readiness is the server's own ready line (printed once its replicas are in
+sync, see runtime.readiness), read from that log.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from shard_server.local.cluster_files import LEASE_STORE_FILE
+from shard_server.runtime.readiness import READY_LINE
 from shardq.coordination.cluster_map import CLUSTER_FILE, ServerEntry
 
-READY_LINE = "shardq: listening on"
 FIRST_RESTART_DELAY_S = 0.5
 MAX_RESTART_DELAY_S = 10.0
 # Where progress lines go: the supervisor's log.

@@ -64,10 +64,13 @@ class Cluster:
         kubernetes: KubernetesLeases | None = None,
         spare_servers: tuple[str, ...] = (),
         more_queues: Sequence[tuple[QueueEntry, list[list[str]]]] = (),
+        server_args: Sequence[str] = (),
     ) -> None:
         """A local lease file by default; with `kubernetes`, Lease objects in its namespace.
         `spare_servers` are in the map but hold no replica (yet): room to move replicas to.
-        `more_queues`: queues besides `orders`, each with its placement."""
+        `more_queues`: queues besides `orders`, each with its placement. `server_args`:
+        more `shardq serve` options for every server."""
+        self.server_args = tuple(server_args)
         root.mkdir(parents=True, exist_ok=True)
         self.root = root
         self.lease_ms = lease_ms
@@ -112,7 +115,7 @@ class Cluster:
             "--cluster-file", str(self.cluster_file), "--server-id", server,
             *self.lease_store_args, "--data-dir", str(self.root / server),
             "--port", str(self.ports[server]), "--metrics-port", str(self.metrics_ports[server]),
-            "--log-format", "text",
+            "--log-format", "text", *self.server_args,
         ]  # fmt: skip
         self.processes[server] = subprocess.Popen(command, stdout=log, stderr=log)
         log.close()

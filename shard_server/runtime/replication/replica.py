@@ -173,6 +173,10 @@ class ShardReplica:
         self.incarnation = shard.environment.incarnation()
         self._incarnations: dict[str, str] = {server_id: self.incarnation}
         self._recorded_incarnations: dict[str, str] = {}
+        # Readiness (see `in_sync`): the lease's ISR vouches for this copy, and since this
+        # process started it has held every entry the leader said was committed.
+        self._vouched_for = False
+        self._caught_up = False
 
     def _leadership_changes(self, change: str) -> Counter:
         return metrics.LEADERSHIP_CHANGES.labels(self.shard.queue.config.name, str(self.shard.index), change)
@@ -180,6 +184,15 @@ class ShardReplica:
     # -- what the rest of the server asks ------------------------------------------
     def is_serving(self) -> bool:
         return self.role is Role.LEADER and monotonic_ms() < self._serving_until_ms
+
+    @property
+    def in_sync(self) -> bool:
+        """Whether this copy may count as in sync for the server's readiness: it leads, or
+        the lease's ISR names it (for this copy of the data) and it has caught up with the
+        leader's commit index since this process started. The ISR alone is not enough: a
+        server restarted within the leader's lag allowance is still named there while it
+        lacks the entries committed meanwhile, until the leader's next append finds out."""
+        return self.role is Role.LEADER or (self._vouched_for and self._caught_up)
 
     def leader_address(self) -> str:
         return self.cluster.address_of(self.leader_id)
@@ -296,6 +309,10 @@ class ShardReplica:
             return
         self.leader_id = lease.holder
         mine = lease.holder == self.server_id
+        self._vouched_for = (
+            self.server_id in isr_of(lease)
+            and incarnations_of(lease).get(self.server_id, self.incarnation) == self.incarnation
+        )
         if self.role is Role.LEADER:
             if not mine or lease.transitions != self.shard.epoch:
                 await self.step_down(f"lease now held by {lease.holder or 'nobody'} at epoch {lease.transitions}")
@@ -616,7 +633,10 @@ class ShardReplica:
         self.commit_index = max(self.commit_index, min(request.commit_index, outcome.last_index))
         if outcome.result is replica_log.AppendResult.OK:
             # Only what this append matched: a longer tail here may be an old epoch's.
-            self._learn_committed(min(request.commit_index, request.prev_index + len(entries)))
+            matched = request.prev_index + len(entries)
+            self._learn_committed(min(request.commit_index, matched))
+            if matched >= request.commit_index:
+                self._caught_up = True  # readiness: it holds everything committed
         if outcome.result is replica_log.AppendResult.NEEDS_SNAPSHOT and self._recovering is None:
             self._recovering = asyncio.create_task(self._bootstrap(request.leader_id))
         return replication_pb2.AppendResponse(

@@ -34,6 +34,10 @@ class Replicas:
     def all(self) -> list[ShardReplica]:
         return list(self._replicas.values())
 
+    def out_of_sync(self) -> list[str]:
+        """The hosted replicas that are not in sync yet (see ShardReplica.in_sync), by name."""
+        return sorted(replica.name for replica in self._replicas.values() if not replica.in_sync)
+
     def start_queue(self, queue: HostedQueue, cluster: ClusterMap) -> None:
         for shard in queue.shards:
             self.start_shard(queue, shard, cluster)
