@@ -466,7 +466,7 @@ class ShardReplica:
             # A joiner counts already: an entry committed without it while the lease
             # write was in flight would be missing from an ISR member, which could then
             # be promoted without it (and the member was dropped again at once for
-            # lacking a committed entry: the ISR flapped on every rejoin under load).
+            # lacking a committed entry: the ISR flapped on most rejoins under load).
             isr=self.isr | self._joining,
             current=self.commit_index,
         )
