@@ -44,7 +44,13 @@ class ExportConnection:
         stub = self._stubs.get(endpoint)
         if stub is None:
             channel = self._channels[endpoint] = grpc.insecure_channel(
-                endpoint, options=[("grpc.max_receive_message_length", _MAX_RECEIVE_BYTES)]
+                endpoint,
+                options=[
+                    ("grpc.max_receive_message_length", _MAX_RECEIVE_BYTES),
+                    # A leader's pod restarted mid-report is at a new address: look its
+                    # name up again within a second, not gRPC's default 30 s.
+                    ("grpc.dns_min_time_between_resolutions_ms", 500),
+                ],
             )
             stub = self._stubs[endpoint] = export_pb2_grpc.ExportServiceStub(channel)
         return stub
