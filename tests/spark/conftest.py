@@ -26,33 +26,54 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "spark: runs a local Spark session against real shard servers")
 
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
+# Set for the whole test session once Spark starts: Spark's Python workers are separate
+# processes that unpickle our data source by module name, so they need the repository
+# on their path even when shardq is not installed.
+_ENVIRONMENT = pytest.MonkeyPatch()
+_started: list[SparkSession] = []
+
+
+def _start_spark() -> SparkSession:
     from pyspark.sql import SparkSession
 
     import shardq.spark
 
-    with pytest.MonkeyPatch.context() as patch:
-        # Spark's Python workers are separate processes that unpickle our data
-        # source by module name: they need the repository on their path even
-        # when shardq is not installed.
-        patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
-        session = (
-            # local[2,2]: two cores, and a failed task is attempted once more, as on a
-            # cluster; plain local[2] never retries, and the retried-write test needs a retry.
-            SparkSession.builder.master("local[2,2]")
-            .appName("shardq-spark-tests")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.sql.session.timeZone", "UTC")
-            .config("spark.driver.memory", "1g")
-            .getOrCreate()
-        )
-        session.sparkContext.setLogLevel("ERROR")
-        shardq.spark.register(session)
-        yield session
-        session.stop()
+    _ENVIRONMENT.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    session = (
+        # local[2,2]: two cores, and a failed task is attempted once more, as on a
+        # cluster; plain local[2] never retries, and the retried-write test needs a retry.
+        SparkSession.builder.master("local[2,2]")
+        .appName("shardq-spark-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    shardq.spark.register(session)
+    _started.append(session)
+    return session
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start Spark before the first test when any collected test needs it. Starting it
+    forks this process to launch the JVM, and gRPC does not support a fork while its
+    threads are busy ("Other threads are currently calling into gRPC, skipping fork()
+    handlers"): in one CI run, with earlier tests' gRPC threads still live, the JVM
+    launch died there and every Spark test errored with JAVA_GATEWAY_EXITED. Before the
+    first test, this process has no gRPC threads."""
+    if any("spark" in getattr(item, "fixturenames", ()) for item in session.items):
+        _start_spark()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    session = _started[0] if _started else _start_spark()
+    yield session
+    session.stop()
+    _ENVIRONMENT.undo()
 
 
 def wait_until_serving(endpoint: str) -> None:
