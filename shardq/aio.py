@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
+from shardq.channel_options import RESOLVE_AGAIN_WITHIN_HALF_A_SECOND
 from shardq.coalescing import Coalescer
 from shardq.errors import NotLeader, OutcomeUnknown, ShardqError, Unavailable
 from shardq.queues import MAX_RECEIVE_BATCH
@@ -45,9 +46,7 @@ CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2_000),
-    # A leader's pod that restarted is at a new address under the same DNS name: look it
-    # up again within a second, not gRPC's default 30 s.
-    ("grpc.dns_min_time_between_resolutions_ms", 500),
+    RESOLVE_AGAIN_WITHIN_HALF_A_SECOND,
 ]
 
 

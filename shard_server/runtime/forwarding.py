@@ -18,6 +18,7 @@ import grpc
 from shard_server.domain.messages import NewMessage
 from shard_server.domain.sending import SendOutcome
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
+from shardq.channel_options import RESOLVE_AGAIN_WITHIN_HALF_A_SECOND
 from shardq.coordination.cluster_map import ClusterMap, lease_name
 from shardq.coordination.leases import LeaseStore
 from shardq.coordination.placement import ShardId
@@ -37,11 +38,7 @@ PEER_CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1_000),
-    # A restarted pod comes back at a new address under the same DNS name. gRPC's core
-    # re-resolves a name at most every 30 s by default, so a leader kept shipping to the
-    # old address for up to 30 s: the follower stayed out of the ISR that long after each
-    # restart (measured 25-28 s per pod of a rolling update on the real node).
-    ("grpc.dns_min_time_between_resolutions_ms", 500),
+    RESOLVE_AGAIN_WITHIN_HALF_A_SECOND,
 ]
 
 

@@ -53,6 +53,8 @@ class ServerProcess:
     # More `shardq serve` options, e.g. ("--writer-threads", "2").
     extra_args: Sequence[str] = ()
     process: subprocess.Popen[bytes] | None = None
+    # The loopback address the server listens on (any of 127.0.0.0/8).
+    host: str = "127.0.0.1"
 
     @classmethod
     def in_directory(cls, directory: pathlib.Path, queues: Sequence[str], *extra_args: str) -> ServerProcess:
@@ -68,11 +70,11 @@ class ServerProcess:
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return f"http://{self.host}:{self.metrics_port}/metrics"
 
     def command(self) -> list[str]:
         command = [
@@ -82,6 +84,8 @@ class ServerProcess:
             "serve",
             "--data-dir",
             str(self.data_dir),
+            "--host",
+            self.host,
             "--port",
             str(self.port),
             "--metrics-port",
@@ -110,7 +114,7 @@ class ServerProcess:
                 raise AssertionError(f"server exited with {self.process.returncode}:\n{self.log()}")
             if READY_LINE in self.log()[offset:]:
                 with socket.socket() as sock:
-                    if sock.connect_ex(("127.0.0.1", self.port)) == 0:
+                    if sock.connect_ex((self.host, self.port)) == 0:
                         return
             time.sleep(0.05)
         raise AssertionError(f"server not ready after {START_DEADLINE_S}s:\n{self.log()}")
