@@ -71,9 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from shardq.errors import ShardqError
     from shardq.spark.exporting import ExportConnection
 
-    # Before Spark starts: a down server or an unknown queue is one line, not a JVM trace.
+    # Before Spark starts: a down server or an unknown queue is one line at once, not a JVM
+    # trace. Only this check fails fast; the report's reads wait out restarts (retrySeconds).
     try:
-        with ExportConnection(arguments.endpoint, rpc_timeout_seconds=10.0) as connection:
+        with ExportConnection(arguments.endpoint, rpc_timeout_seconds=10.0, retry_seconds=0) as connection:
             connection.shard_count(arguments.queue)
     except ShardqError as error:
         print(f"shardq analytics: {explain(error, arguments.endpoint)}", file=sys.stderr)

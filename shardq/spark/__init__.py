@@ -29,6 +29,11 @@ maxRowsPerBatch        streaming: at most this many events per micro-batch, shar
 failOnDataLoss         journal: fail (default ``true``) when entries still to be
                        read fell out of journal retention; ``false`` skips them
 rpcTimeoutSeconds      deadline of unary calls (default 30)
+retrySeconds           how long a read keeps trying while a server is unreachable or
+                       shutting down, or a shard has no leader (default 60; 0: fail
+                       at once). A journal read that breaks resumes after its last
+                       batch; a snapshot that breaks midway fails its task, and
+                       Spark's task retry reads that shard's snapshot again
 =====================  ==========================================================
 
 A batch journal read covers each shard up to its last log index at planning

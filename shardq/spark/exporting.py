@@ -1,26 +1,80 @@
 """The gRPC side of the data source: ExportService calls with deadlines.
 
 Only read-only RPCs live here (ExportMessages, ReadJournal, GetJournalBounds):
-nothing in the read path claims, acknowledges or deletes a message.
+nothing in the read path claims, acknowledges or deletes a message, so a call
+that failed for a passing reason (a server restarting, a leader being elected)
+is simply made again.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 import types
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
 from shardq.api.v1 import export_pb2, export_pb2_grpc
-from shardq.errors import Reason, ShardqError
+from shardq.channel_options import RESOLVE_AGAIN_WITHIN_HALF_A_SECOND
+from shardq.errors import Reason, ShardqError, Unavailable
 from shardq.status import error_from_rpc
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Snapshot batches carry bodies; gRPC's 4 MiB default would refuse a batch of
 # a few hundred large messages.
 _MAX_RECEIVE_BYTES = 256 * 1024 * 1024
-# NOT_LEADER answers followed for one call before giving up (leadership moving meanwhile).
+# NOT_LEADER answers followed in a row before waiting as for a passing failure (leadership
+# moving meanwhile).
 _LEADER_HOPS = 3
+# How long a read keeps trying while servers restart or a shard has no leader: a rolling
+# update restarts each pod in turn, and a leader is elected within a few seconds.
+DEFAULT_RETRY_SECONDS = 60.0
+_FIRST_BACKOFF_SECONDS = 0.1
+_MAX_BACKOFF_SECONDS = 2.0
+# Reasons that pass: the server is stopping or not reachable, or the shard has no leader yet.
+_PASSING_REASONS = frozenset({Reason.UNAVAILABLE, Reason.SHUTTING_DOWN, Reason.NOT_LEADER})
+
+
+def _passing(rpc_error: grpc.RpcError, error: ShardqError) -> bool:
+    """Whether making the call again later may succeed. A deadline, a refused request or
+    an unknown queue will not change; a connection refused or reset, a server shutting
+    down or a shard between leaders will."""
+    if error.reason is Reason.UNAVAILABLE:
+        # A status without shardq's ErrorInfo is read as UNAVAILABLE whatever its code.
+        return rpc_error.code() is grpc.StatusCode.UNAVAILABLE
+    return error.reason in _PASSING_REASONS
+
+
+class _Patience:
+    """The retry budget of one read: backs off between attempts, and says when it is spent."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._deadline = time.monotonic() + seconds
+        self._backoff = _FIRST_BACKOFF_SECONDS
+
+    @property
+    def fresh(self) -> bool:
+        """No attempt has been waited for since the budget was last (re)set."""
+        return self._backoff == _FIRST_BACKOFF_SECONDS
+
+    def wait(self) -> bool:
+        """Sleep before the next attempt; False (without sleeping) once the budget is spent."""
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(self._backoff, left))
+        self._backoff = min(self._backoff * 2, _MAX_BACKOFF_SECONDS)
+        return True
+
+    def reset(self) -> None:
+        """Progress was made: the next failure gets the whole budget again."""
+        self._deadline = time.monotonic() + self.seconds
+        self._backoff = _FIRST_BACKOFF_SECONDS
 
 
 class ExportConnection:
@@ -30,10 +84,21 @@ class ExportConnection:
     In a cluster a shard is exported by its leader (a follower's copy may lag, and a
     server holds only the shards placed on it): a server that does not lead a shard
     answers NOT_LEADER naming the leader, and the connection follows that hint, for
-    that shard, from then on."""
+    that shard, from then on.
 
-    def __init__(self, endpoint: str, *, rpc_timeout_seconds: float) -> None:
+    A call that fails for a passing reason (see `_passing`) is made again, backing off,
+    for up to `retry_seconds` (0: never), from the configured endpoint again: a leader
+    that went away is found anew through its successor's NOT_LEADER hint. A journal
+    stream that breaks resumes after the last batch it delivered; a snapshot
+    (ExportMessages) that breaks after its first batch is not resumed, since a new
+    snapshot would not be the same one: its error goes to the caller (Spark retries the
+    task, which reads the shard's snapshot again from its start)."""
+
+    def __init__(
+        self, endpoint: str, *, rpc_timeout_seconds: float, retry_seconds: float = DEFAULT_RETRY_SECONDS
+    ) -> None:
         self._rpc_timeout_seconds = rpc_timeout_seconds
+        self._retry_seconds = retry_seconds
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, export_pb2_grpc.ExportServiceStub] = {}
         self._endpoint = endpoint
@@ -47,9 +112,7 @@ class ExportConnection:
                 endpoint,
                 options=[
                     ("grpc.max_receive_message_length", _MAX_RECEIVE_BYTES),
-                    # A leader's pod restarted mid-report is at a new address: look its
-                    # name up again within a second, not gRPC's default 30 s.
-                    ("grpc.dns_min_time_between_resolutions_ms", 500),
+                    RESOLVE_AGAIN_WITHIN_HALF_A_SECOND,
                 ],
             )
             stub = self._stubs[endpoint] = export_pb2_grpc.ExportServiceStub(channel)
@@ -62,6 +125,48 @@ class ExportConnection:
             return False
         self._leaders[(queue, shard)] = error.leader
         return True
+
+    def _recover(
+        self, rpc_error: grpc.RpcError, queue: str, shard: int, what: str, patience: _Patience, hops: list[int]
+    ) -> ShardqError | None:
+        """None when the call should be made again (to a named leader, or after a wait);
+        else the error to raise, which says how long the read kept trying."""
+        error = error_from_rpc(rpc_error, queue=queue)
+        if hops[0] < _LEADER_HOPS and self._follow(error, queue, shard):
+            hops[0] += 1
+            return None
+        if not _passing(rpc_error, error) or patience.seconds <= 0:
+            return error
+        hops[0] = 0
+        # Back to the endpoint the reader was given: a leader that went away is found
+        # again through the NOT_LEADER hint of whichever server answers.
+        self._leaders.pop((queue, shard), None)
+        if patience.fresh:  # once per outage, not once per attempt
+            log.warning(
+                "%s of queue %r shard %d failed (%s); trying again for up to %g s",
+                what,
+                queue,
+                shard,
+                error,
+                patience.seconds,
+            )
+        if patience.wait():
+            return None
+        return Unavailable(
+            f"{what} of queue {queue!r} shard {shard} still failing after {patience.seconds:g} s "
+            f"of retries (option retrySeconds): {error.message}"
+        )
+
+    def _unary(self, call: Callable[[export_pb2_grpc.ExportServiceStub], T], queue: str, shard: int, what: str) -> T:
+        patience = _Patience(self._retry_seconds)
+        hops = [0]
+        while True:
+            try:
+                return call(self._stub(queue, shard))
+            except grpc.RpcError as rpc_error:
+                error = self._recover(rpc_error, queue, shard, what, patience, hops)
+                if error is not None:
+                    raise error from None
 
     def __enter__(self) -> ExportConnection:
         return self
@@ -80,19 +185,14 @@ class ExportConnection:
 
     def journal_bounds(self, queue: str, shard: int) -> export_pb2.JournalBounds:
         """Raises ShardqError (QueueNotFound, Unavailable...) naming what went wrong."""
-        for _ in range(_LEADER_HOPS):
-            try:
-                bounds: export_pb2.JournalBounds = self._stub(queue, shard).GetJournalBounds(
-                    export_pb2.GetJournalBoundsRequest(queue=queue, shard=shard),
-                    timeout=self._rpc_timeout_seconds,
-                )
-            except grpc.RpcError as rpc_error:
-                error = error_from_rpc(rpc_error, queue=queue)
-                if self._follow(error, queue, shard):
-                    continue
-                raise error from None
-            return bounds
-        raise error
+        request = export_pb2.GetJournalBoundsRequest(queue=queue, shard=shard)
+        bounds: export_pb2.JournalBounds = self._unary(
+            lambda stub: stub.GetJournalBounds(request, timeout=self._rpc_timeout_seconds),
+            queue,
+            shard,
+            "GetJournalBounds",
+        )
+        return bounds
 
     def all_journal_bounds(self, queue: str) -> dict[int, export_pb2.JournalBounds]:
         """Bounds of every shard; shard 0 tells how many shards there are."""
@@ -113,10 +213,18 @@ class ExportConnection:
         Streams carry no deadline: reading a long journal may take a while, and
         a dropped connection ends the stream with an error anyway.
         """
-        request = export_pb2.ReadJournalRequest(
-            queue=queue, shard=shard, from_index=from_index, to_index=to_index, batch_size=batch_size
-        )
-        yield from self._stream(lambda stub: stub.ReadJournal(request), queue, shard)
+        resume_at = [from_index]
+
+        def read_from_where_it_broke(stub: export_pb2_grpc.ExportServiceStub) -> Any:
+            request = export_pb2.ReadJournalRequest(
+                queue=queue, shard=shard, from_index=resume_at[0], to_index=to_index, batch_size=batch_size
+            )
+            return stub.ReadJournal(request)
+
+        for batch in self._stream(read_from_where_it_broke, queue, shard, "ReadJournal", resumable=True):
+            if batch.next_index:
+                resume_at[0] = batch.next_index
+            yield batch
 
     def message_batches(
         self, *, queue: str, shard: int, include_body: bool, batch_size: int
@@ -124,25 +232,38 @@ class ExportConnection:
         request = export_pb2.ExportMessagesRequest(
             queue=queue, shard=shard, include_body=include_body, batch_size=batch_size
         )
-        yield from self._stream(lambda stub: stub.ExportMessages(request), queue, shard)
+        yield from self._stream(lambda stub: stub.ExportMessages(request), queue, shard, "ExportMessages")
 
     def _stream(
-        self, start: Callable[[export_pb2_grpc.ExportServiceStub], Any], queue: str, shard: int
+        self,
+        start: Callable[[export_pb2_grpc.ExportServiceStub], Any],
+        queue: str,
+        shard: int,
+        what: str,
+        *,
+        resumable: bool = False,
     ) -> Generator[Any, None, None]:
-        """The stream from the shard's leader: a NOT_LEADER answer before the first item
-        is followed to the leader it names; an error after that is the caller's."""
-        for _ in range(_LEADER_HOPS):
+        """The stream from the shard's leader: a NOT_LEADER answer is followed to the leader
+        it names and a passing failure is retried, before the first item, or at any point
+        when `start` resumes where the stream broke; other errors are the caller's."""
+        patience = _Patience(self._retry_seconds)
+        hops = [0]
+        while True:
             call = start(self._stub(queue, shard))
             started = False
             try:
                 for item in call:
-                    started = True
+                    if not started:
+                        started = True
+                        patience.reset()
                     yield item
                 return
             except grpc.RpcError as rpc_error:
-                error = error_from_rpc(rpc_error, queue=queue)
-                if started or not self._follow(error, queue, shard):
-                    raise
+                if started and not resumable:
+                    raise error_from_rpc(rpc_error, queue=queue) from None
+                error = self._recover(rpc_error, queue, shard, what, patience, hops)
+                if error is not None:
+                    raise error from None
             finally:
                 # A consumer that stops early (counting for a read limit) must not
                 # leave the server streaming into a full window.

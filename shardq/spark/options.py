@@ -36,6 +36,8 @@ DEFAULT_EXPORT_BATCH_SIZE = 1000
 # Messages per SendMessages call from the writer.
 DEFAULT_SEND_BATCH_SIZE = 100
 DEFAULT_RPC_TIMEOUT_SECONDS = 30.0
+# How long a read keeps retrying while servers restart or a shard elects a leader.
+DEFAULT_READ_RETRY_SECONDS = 60.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -46,6 +48,8 @@ class ReadOptions:
     include_body: bool
     export_batch_size: int
     rpc_timeout_seconds: float
+    # 0: a read fails at the first unavailable server.
+    retry_seconds: float
     # Streaming only.
     max_rows_per_batch: int | None
     starting: StartingPosition | ShardOffsets
@@ -73,6 +77,7 @@ READ_OPTION_NAMES = (
     "includeBody",
     "batchSize",
     "rpcTimeoutSeconds",
+    "retrySeconds",
     "maxRowsPerBatch",
     "startingOffsets",
     "failOnDataLoss",
@@ -139,6 +144,19 @@ def _positive_float(options: Mapping[str, str], name: str, default: float) -> fl
     return value
 
 
+def _non_negative_float(options: Mapping[str, str], name: str, default: float) -> float:
+    text = options.get(name.lower())
+    if text is None or not text.strip():
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise OptionError(f"option {name!r} must be a number, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):  # also refuses nan
+        raise OptionError(f"option {name!r} must be a finite number of seconds, at least 0, got {text!r}")
+    return value
+
+
 def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
     text = options.get(name.lower())
     if text is None or not text.strip():
@@ -182,6 +200,7 @@ def read_options_from_spark(options: Mapping[str, str]) -> ReadOptions:
         include_body=_bool(lowered, "includeBody", False),
         export_batch_size=_optional_positive_int(lowered, "batchSize") or DEFAULT_EXPORT_BATCH_SIZE,
         rpc_timeout_seconds=_positive_float(lowered, "rpcTimeoutSeconds", DEFAULT_RPC_TIMEOUT_SECONDS),
+        retry_seconds=_non_negative_float(lowered, "retrySeconds", DEFAULT_READ_RETRY_SECONDS),
         max_rows_per_batch=_optional_positive_int(lowered, "maxRowsPerBatch"),
         starting=parse_starting(lowered.get("startingoffsets")),
         fail_on_data_loss=_bool(lowered, "failOnDataLoss", True),

@@ -63,8 +63,14 @@ class JournalPartition(InputPartition):
         self.to_index = to_index
 
 
+def connect(options: ReadOptions) -> ExportConnection:
+    return ExportConnection(
+        options.endpoint, rpc_timeout_seconds=options.rpc_timeout_seconds, retry_seconds=options.retry_seconds
+    )
+
+
 def read_messages_partition(options: ReadOptions, partition: MessagesPartition) -> Iterator[pa.RecordBatch]:
-    with ExportConnection(options.endpoint, rpc_timeout_seconds=options.rpc_timeout_seconds) as connection:
+    with connect(options) as connection:
         for batch in connection.message_batches(
             queue=options.queue,
             shard=partition.shard,
@@ -83,7 +89,7 @@ def read_messages_partition(options: ReadOptions, partition: MessagesPartition) 
 def read_journal_partition(options: ReadOptions, partition: JournalPartition) -> Iterator[pa.RecordBatch]:
     if partition.to_index <= partition.from_index:
         return
-    with ExportConnection(options.endpoint, rpc_timeout_seconds=options.rpc_timeout_seconds) as connection:
+    with connect(options) as connection:
         for batch in connection.journal_batches(
             queue=options.queue,
             shard=partition.shard,
@@ -123,7 +129,7 @@ class ShardqBatchReader(DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         options = self._options
-        with ExportConnection(options.endpoint, rpc_timeout_seconds=options.rpc_timeout_seconds) as connection:
+        with connect(options) as connection:
             if options.read is ReadKind.MESSAGES:
                 return [MessagesPartition(shard) for shard in range(connection.shard_count(options.queue))]
             bounds = connection.all_journal_bounds(options.queue)
@@ -202,9 +208,7 @@ class ShardqJournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
 
     def _open(self) -> ExportConnection:
         if self._connection is None:
-            self._connection = ExportConnection(
-                self._options.endpoint, rpc_timeout_seconds=self._options.rpc_timeout_seconds
-            )
+            self._connection = connect(self._options)
         return self._connection
 
     def _fetch_bounds(self) -> tuple[ShardOffsets, ShardOffsets]:

@@ -36,3 +36,13 @@ def test_every_documented_option_is_accepted_in_any_case() -> None:
     assert write_options_from_spark(write).dedup_id_column == "id"
     # Spark's own `path` (from load(path)) is not ours to refuse.
     assert read_options_from_spark({"endpoint": "e:1", "queue": "q", "path": "x"}).queue == "q"
+
+
+def test_the_read_retry_budget_is_seconds_at_least_zero() -> None:
+    base = {"endpoint": "e:1", "queue": "q"}
+    assert read_options_from_spark(base).retry_seconds == 60.0
+    assert read_options_from_spark({**base, "retrySeconds": "0"}).retry_seconds == 0.0
+    assert read_options_from_spark({**base, "retryseconds": "2.5"}).retry_seconds == 2.5
+    for bad in ("-1", "nan", "inf", "soon"):
+        with pytest.raises(OptionError, match="option 'retrySeconds' must be"):
+            read_options_from_spark({**base, "retrySeconds": bad})
