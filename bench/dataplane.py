@@ -44,12 +44,17 @@ import time
 from collections.abc import Coroutine, Iterator
 from typing import Any
 
-import grpc
+from shardq.grpc_io import use_completion_queue_polling
 
-from shardq import event_loops
-from shardq.aio import CHANNEL_OPTIONS, AsyncClient
-from shardq.errors import ShardqError
-from shardq.types import Message, ReceivedMessage
+# As the `shardq` command does for the servers: before anything here imports gRPC.
+use_completion_queue_polling()
+
+import grpc  # noqa: E402
+
+from shardq import event_loops  # noqa: E402
+from shardq.aio import CHANNEL_OPTIONS, AsyncClient  # noqa: E402
+from shardq.errors import ShardqError  # noqa: E402
+from shardq.types import Message, ReceivedMessage  # noqa: E402
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROFILED_SERVER = pathlib.Path(__file__).resolve().parent / "profiled_server.py"
@@ -631,6 +636,8 @@ def environment(data_root: pathlib.Path) -> dict[str, Any]:
         "shardq_revision": git_revision(),
         # Clients' loop (SHARDQ_EVENT_LOOP); the server's is `shardq serve --event-loop`, auto = uvloop.
         "client_event_loop": event_loops.resolve(event_loops.from_environment()),
+        # Both ends' gRPC I/O engine (shardq/grpc_io.py); empty: gRPC's default, the EventEngine.
+        "grpc_experiments": os.environ.get("GRPC_EXPERIMENTS", ""),
         "fsync": True,
         "fsync_note": "the server fsyncs every commit; there is no switch to turn it off",
         "data_dir_filesystem": filesystem_type(data_root),

@@ -434,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
         "runs": args.runs,
         "server_args": args.server_arg,
         "client_loop": event_loops.resolve(args.client_loop),
+        # Both ends' gRPC I/O engine (shardq/grpc_io.py); empty: gRPC's default, the EventEngine.
+        "grpc_experiments": os.environ.get("GRPC_EXPERIMENTS", ""),
         "load_average_before_after_each_run": loads,
         "results": results,
     }

@@ -32,7 +32,7 @@ from shard_server.service.queues import QueueServicer
 from shard_server.service.replication import ReplicationServicer
 from shard_server.storage.lmdb_store import DEFAULT_MAP_SIZE
 from shard_server.storage.queue_catalog import QueueCatalog
-from shardq import event_loops
+from shardq import event_loops, grpc_io
 from shardq.api.v1 import (
     export_pb2,
     export_pb2_grpc,
@@ -225,11 +225,12 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
     metrics_note = f", metrics on {settings.host}:{settings.metrics_port}" if settings.metrics_port is not None else ""
     # The loop (`--event-loop`) is named once serving, so a start that fails says one thing only.
     log.info(
-        "serving %s on %s%s, event loop %s",
+        "serving %s on %s%s, event loop %s, %s",
         ", ".join(sorted(host.queues)),
         host.advertised_address,
         metrics_note,
         event_loops.name_of(asyncio.get_running_loop()),
+        grpc_io.describe(),
     )
     print(f"shardq: listening on {host.advertised_address}", file=sys.stderr, flush=True)
     if gate_readiness:
