@@ -1,0 +1,139 @@
+"""What one durable commit costs on this disk, below shardq: the floor under a send.
+
+A send is answered after its LMDB write transaction commits. LMDB commits in two
+synchronous steps: it writes the transaction's dirty pages and fdatasyncs them, then
+writes the meta page through a second descriptor opened with O_DSYNC. This measures, on
+the disk holding --dir, with --samples commits each (p50 / p90 / p99 in µs):
+
+  fdatasync.pages-N   pwrite N scattered 4 KiB pages of a file, then fdatasync
+  meta.o_dsync        one 120-byte pwrite through an O_DSYNC descriptor (LMDB's meta write)
+  lmdb.send           a py-lmdb write transaction shaped like one shardq send (a message,
+                      its delivery record, its index entry, two meta counters and a log
+                      entry, in five sub-databases), committed durably
+  lmdb.send.nosync    the same transaction with sync and metasync off: its CPU alone
+
+Usage: python bench/commit_cost.py [--dir /path/on/the/disk] [--samples 1000] [--out bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import random
+import shutil
+import struct
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import lmdb
+
+PAGE = 4096
+PAGE_COUNTS = (1, 2, 4, 10, 20)
+
+
+def percentiles(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+
+    def at(fraction: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(len(ordered) * fraction))] * 1e6, 1)
+
+    return {"p50_us": at(0.5), "p90_us": at(0.9), "p99_us": at(0.99), "samples": len(ordered)}
+
+
+def timed(samples: int, action: Callable[[int], None]) -> list[float]:
+    took = []
+    for number in range(samples):
+        started = time.perf_counter()
+        action(number)
+        took.append(time.perf_counter() - started)
+    return took
+
+
+def file_syncs(directory: pathlib.Path, samples: int) -> dict[str, dict[str, float]]:
+    path = directory / "sync-probe.bin"
+    pages = 2_000
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    meta = os.open(path, os.O_RDWR | os.O_DSYNC)
+    try:
+        os.pwrite(descriptor, b"\0" * (PAGE * pages), 0)  # written, not sparse: no block allocation in the loop
+        os.fsync(descriptor)
+        rng = random.Random(7)
+        results = {}
+        for count in PAGE_COUNTS:
+
+            def write_and_sync(_: int, count: int = count) -> None:
+                for page in rng.sample(range(2, pages), count):
+                    os.pwrite(descriptor, b"y" * PAGE, page * PAGE)
+                os.fdatasync(descriptor)
+
+            results[f"fdatasync.pages-{count}"] = percentiles(timed(samples, write_and_sync))
+        results["meta.o_dsync"] = percentiles(timed(samples, lambda _: os.pwrite(meta, b"m" * 120, PAGE + 32)))
+        return results
+    finally:
+        os.close(meta)
+        os.close(descriptor)
+        path.unlink()
+
+
+def lmdb_send_commits(directory: pathlib.Path, samples: int, *, durable: bool) -> list[float]:
+    path = pathlib.Path(tempfile.mkdtemp(dir=directory, prefix="lmdb-probe-"))
+    env = lmdb.open(str(path), map_size=1 << 30, max_dbs=8, sync=durable, metasync=durable)
+    try:
+        names = (b"messages", b"delivery", b"index", b"meta", b"log")
+        messages, delivery, index, meta, log = (env.open_db(name) for name in names)
+        body = b"x" * 300
+
+        def send(number: int) -> None:
+            seq = struct.pack(">Q", number + 1)
+            with env.begin(write=True) as txn:
+                txn.put(seq, body, db=messages)
+                txn.put(seq, b"d" * 30, db=delivery)
+                txn.put(struct.pack(">QQ", 1_000 + number, number), b"", db=index)
+                txn.put(b"last_seq", seq, db=meta)
+                txn.put(b"last_index", seq, db=meta)
+                txn.put(seq, b"e" * 320, db=log, append=True)
+
+        warm = max(samples // 5, 50)
+        timed(warm, send)  # grow the trees first: the measured commits touch settled pages
+        return timed(samples, lambda number: send(number + warm))
+    finally:
+        env.close()
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dir", type=pathlib.Path, default=pathlib.Path(tempfile.gettempdir()))
+    parser.add_argument("--samples", type=int, default=1_000)
+    parser.add_argument("--out", type=pathlib.Path, default=None, help="directory to write commit-cost.json")
+    args = parser.parse_args(argv)
+    args.dir.mkdir(parents=True, exist_ok=True)
+    print(f"[commit-cost] file syncs on {args.dir} ...", file=sys.stderr, flush=True)
+    results: dict[str, Any] = file_syncs(args.dir, args.samples)
+    print("[commit-cost] LMDB send-shaped commits ...", file=sys.stderr, flush=True)
+    results["lmdb.send"] = percentiles(lmdb_send_commits(args.dir, args.samples, durable=True))
+    results["lmdb.send.nosync"] = percentiles(lmdb_send_commits(args.dir, args.samples, durable=False))
+    report = {
+        "benchmark": "commit-cost",
+        "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "directory": str(args.dir),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "lmdb": lmdb.__version__,
+        "results": results,
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "commit-cost.json").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
