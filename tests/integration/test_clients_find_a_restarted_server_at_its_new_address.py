@@ -12,6 +12,7 @@ without touching the machine's /etc/hosts or any DNS server."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from shardq.grpc_io import COMPLETION_QUEUE_POLLING, ENVIRONMENT_VARIABLE
 from tests.support.servers import ServerProcess, wait_for
 
 NAME = "shardq-restarted-server.test"
@@ -48,7 +50,7 @@ with Client(endpoint, route_directly=False) as client:
 class ClientInOwnNamespace:
     """The client loop above, resolving names through `hosts` instead of /etc/hosts."""
 
-    def __init__(self, hosts: pathlib.Path, endpoint: str, seconds: float) -> None:
+    def __init__(self, hosts: pathlib.Path, endpoint: str, seconds: float, grpc_experiments: str) -> None:
         unshare = shutil.which("unshare")
         assert unshare, "this test needs util-linux's unshare (and root) for a private /etc/hosts"
         self.answers: list[tuple[float, bool]] = []
@@ -71,6 +73,7 @@ class ClientInOwnNamespace:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env={**os.environ, ENVIRONMENT_VARIABLE: grpc_experiments},
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -101,13 +104,16 @@ def server(tmp_path: pathlib.Path) -> Iterator[ServerProcess]:
         process.cleanup()
 
 
+# Either of gRPC's I/O engines: servers (and so their peer channels) run with socket I/O
+# on the completion-queue thread, a library user's client may run with gRPC's default.
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("grpc_experiments", ["", COMPLETION_QUEUE_POLLING], ids=["event-engine", "completion-queue"])
 def test_a_client_finds_a_restarted_server_at_its_new_address_within_seconds(
-    server: ServerProcess, tmp_path: pathlib.Path
+    server: ServerProcess, tmp_path: pathlib.Path, grpc_experiments: str
 ) -> None:
     hosts = tmp_path / "hosts"
     hosts.write_text(f"127.0.0.1 localhost\n{OLD_ADDRESS} {NAME}\n")
-    client = ClientInOwnNamespace(hosts, f"{NAME}:{server.port}", seconds=90)
+    client = ClientInOwnNamespace(hosts, f"{NAME}:{server.port}", seconds=90, grpc_experiments=grpc_experiments)
     try:
         wait_for(lambda: client.first_success_after(0.0), timeout=30, what="the client's first send by name")
 
