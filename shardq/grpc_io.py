@@ -7,8 +7,9 @@ the event loop: three threads take part in every message, each way. With the
 EventEngine's TCP client and listener switched off (two gRPC experiments) the polling
 thread reads and writes the socket itself, one thread hand-off fewer each way. On the
 2-core VMs this project is measured on, a bare grpc.aio stream round trip went from
-0.37 to 0.245 ms p50, and a durable send over shardq's producer stream from 1.80 to
-1.58 ms (README, latency section: 18 of 20 cells faster).
+0.37 to 0.245 ms p50, and a durable send over shardq's producer stream from 1.77 to
+1.55 ms (README, latency section: 19 of 20 cells faster, server CPU per call lower in
+all 20).
 
 gRPC reads its experiments once, when `grpc` is first imported, from GRPC_EXPERIMENTS.
 So this is set by the `shardq` command (servers, `shardq local`, the CLI's client
