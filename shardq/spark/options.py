@@ -131,27 +131,32 @@ def _optional_positive_int(options: Mapping[str, str], name: str) -> int | None:
     return value
 
 
-def _positive_float(options: Mapping[str, str], name: str, default: float) -> float:
+def _number(options: Mapping[str, str], name: str) -> tuple[float, str] | None:
+    """The option's value and its text; None when it is not given."""
     text = options.get(name.lower())
     if text is None or not text.strip():
-        return default
+        return None
     try:
-        value = float(text)
+        return float(text), text
     except ValueError:
         raise OptionError(f"option {name!r} must be a number, got {text!r}") from None
+
+
+def _positive_float(options: Mapping[str, str], name: str, default: float) -> float:
+    given = _number(options, name)
+    if given is None:
+        return default
+    value, _ = given
     if value <= 0:
         raise OptionError(f"option {name!r} must be positive, got {value}")
     return value
 
 
 def _non_negative_float(options: Mapping[str, str], name: str, default: float) -> float:
-    text = options.get(name.lower())
-    if text is None or not text.strip():
+    given = _number(options, name)
+    if given is None:
         return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise OptionError(f"option {name!r} must be a number, got {text!r}") from None
+    value, text = given
     if not value >= 0 or value == float("inf"):  # also refuses nan
         raise OptionError(f"option {name!r} must be a finite number of seconds, at least 0, got {text!r}")
     return value
