@@ -1,0 +1,246 @@
+"""Where one durable send's time goes: timestamps along a send over the producer stream.
+
+One `shardq serve` (a 4-shard queue, fsync on) runs in a child process of this script
+with timestamps added around its request decoding, the send's handler, the batch's
+commit and the response encoding; this process's AsyncClient adds its own around
+`send()`, the request handed to gRPC, its encoding and the response's decoding. Both
+sides read CLOCK_MONOTONIC (`time.perf_counter`), so their stamps compare directly. One
+call is in flight at a time; the report gives each segment's p50 in µs over --sends
+sends (after 200 unstamped ones).
+
+--no-sync opens the server's LMDB environments with sync and metasync off, for this
+measurement only (shardq has no such setting): what the send costs without its syncs.
+
+Usage: python bench/send_timeline.py [--sends 3000] [--no-sync] [--out bench/results --label NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+SERVER_STAMPS = ("decoded", "handler_started", "commit_started", "commit_ended", "handler_ended", "encoded")
+WARM_UP_SENDS = 200
+
+
+def serve_with_stamps(out: pathlib.Path, no_sync: bool, argv: list[str]) -> None:
+    """The server's side: `shardq serve` with stamps, written to `out` when it stops."""
+    from shardq.grpc_io import use_completion_queue_polling
+
+    use_completion_queue_polling()  # as the shardq command does
+
+    import grpc
+    import lmdb
+
+    if no_sync:
+        open_environment = lmdb.open
+
+        def open_without_syncs(*args: Any, **kwargs: Any) -> Any:
+            return open_environment(*args, **{**kwargs, "sync": False, "metasync": False})
+
+        lmdb.open = open_without_syncs
+
+    stamps: dict[str, list[float]] = {name: [] for name in SERVER_STAMPS}
+    clock = time.perf_counter
+    build_handler = grpc.stream_stream_rpc_method_handler
+
+    # The interceptors wrap a handler's codec again (a decoder around the stamped one): the
+    # outermost call stamps, the ones inside it do not.
+    inside: set[str] = set()
+
+    def stamping(name: str, codec: Any) -> Any:
+        def stamped(value: Any) -> Any:
+            if name in inside:
+                return codec(value)
+            inside.add(name)
+            try:
+                stamps[name].append(clock())
+                return codec(value)
+            finally:
+                inside.discard(name)
+
+        return stamped
+
+    def stamped_handler(behavior: Any, request_deserializer: Any = None, response_serializer: Any = None) -> Any:
+        return build_handler(
+            behavior,
+            request_deserializer=None if request_deserializer is None else stamping("decoded", request_deserializer),
+            response_serializer=None if response_serializer is None else stamping("encoded", response_serializer),
+        )
+
+    grpc.stream_stream_rpc_method_handler = stamped_handler
+
+    from shard_server.runtime import committing
+    from shard_server.service import queues
+
+    send = queues.QueueServicer._send
+
+    async def stamped_send(self: Any, request: Any, *, forwarded: bool = False) -> Any:
+        stamps["handler_started"].append(clock())
+        try:
+            return await send(self, request, forwarded=forwarded)
+        finally:
+            stamps["handler_ended"].append(clock())
+
+    queues.QueueServicer._send = stamped_send  # type: ignore[method-assign]
+    commit = committing.GroupCommitter._commit
+
+    def stamped_commit(self: Any, loop: Any, batch: Any) -> Any:
+        stamps["commit_started"].append(clock())
+        try:
+            return commit(self, loop, batch)
+        finally:
+            stamps["commit_ended"].append(clock())
+
+    committing.GroupCommitter._commit = stamped_commit  # type: ignore[method-assign]
+
+    from shardq.cli import main as run_command
+
+    sys.argv = ["shardq", *argv]
+    try:
+        run_command()
+    finally:
+        out.write_text(json.dumps(stamps))
+
+
+async def send_with_stamps(endpoint: str, sends: int) -> dict[str, list[float]]:
+    """The client's side: `sends` single sends over the producer stream, one at a time."""
+    from shardq import aio
+    from shardq.api.v1 import queue_pb2, queue_pb2_grpc
+
+    stamps: dict[str, list[float]] = {"called": [], "handed_to_grpc": [], "encoded": [], "decoded": [], "returned": []}
+    clock = time.perf_counter
+    iterate = aio.ProducerStream._request_iterator
+
+    async def stamped_iterator(self: Any) -> Any:
+        async for request in iterate(self):
+            stamps["handed_to_grpc"].append(clock())
+            yield request
+
+    aio.ProducerStream._request_iterator = stamped_iterator  # type: ignore[method-assign]
+    make_stub = queue_pb2_grpc.QueueServiceStub.__init__
+
+    def stamped_stub(self: Any, channel: Any) -> None:
+        make_stub(self, channel)
+
+        def encode(message: Any) -> bytes:
+            stamps["encoded"].append(clock())
+            return bytes(message.SerializeToString())
+
+        def decode(data: bytes) -> Any:
+            stamps["decoded"].append(clock())
+            return queue_pb2.SendStreamResponse.FromString(data)
+
+        self.SendStream = channel.stream_stream(
+            "/shardq.v1.QueueService/SendStream", request_serializer=encode, response_deserializer=decode
+        )
+
+    queue_pb2_grpc.QueueServiceStub.__init__ = stamped_stub  # type: ignore[method-assign]
+    async with aio.AsyncClient(endpoint) as client:
+        for _ in range(WARM_UP_SENDS):
+            await client.send("bench", b"x" * 256)
+        for _ in range(sends):
+            stamps["called"].append(clock())
+            await client.send("bench", b"x" * 256)
+            stamps["returned"].append(clock())
+    return stamps
+
+
+def segments(client: dict[str, list[float]], server: dict[str, list[float]], sends: int) -> dict[str, float]:
+    def last(stamps: list[float]) -> list[float]:
+        return stamps[-sends:]
+
+    c = {name: last(values) for name, values in client.items()}
+    s = {name: last(values) for name, values in server.items()}
+    steps = [
+        ("client: send() to the request handed to gRPC", c["called"], c["handed_to_grpc"]),
+        ("client: handed to gRPC to encoded", c["handed_to_grpc"], c["encoded"]),
+        ("gRPC, client to server: encoded to decoded", c["encoded"], s["decoded"]),
+        ("server: decoded to the send's handler", s["decoded"], s["handler_started"]),
+        ("server: handler to its batch's commit", s["handler_started"], s["commit_started"]),
+        ("server: commit (the send's LMDB work and syncs)", s["commit_started"], s["commit_ended"]),
+        ("server: commit to the handler's answer", s["commit_ended"], s["handler_ended"]),
+        ("server: answer to the response encoded", s["handler_ended"], s["encoded"]),
+        ("gRPC, server to client: encoded to decoded", s["encoded"], c["decoded"]),
+        ("client: decoded to send() returning", c["decoded"], c["returned"]),
+        ("whole send", c["called"], c["returned"]),
+    ]
+    return {
+        name: round(statistics.median((end - start) * 1e6 for start, end in zip(starts, ends, strict=True)), 1)
+        for name, starts, ends in steps
+    }
+
+
+def wait_until_ready(server: subprocess.Popen[bytes], log_file: pathlib.Path) -> str:
+    """The server's endpoint, once it says it is ready (within 30 s)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"send_timeline: the server exited with {server.returncode}:\n{log_file.read_text()}")
+        text = log_file.read_text()
+        if "shardq: ready" in text:
+            return text.split("shardq: listening on ", 1)[1].split()[0]
+        time.sleep(0.05)
+    raise SystemExit(f"send_timeline: the server was not ready within 30 s:\n{log_file.read_text()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sends", type=int, default=3_000)
+    parser.add_argument("--no-sync", action="store_true", help="server LMDB without syncs (this measurement only)")
+    parser.add_argument("--label", default="default")
+    parser.add_argument("--out", type=pathlib.Path, default=None, help="directory to write send-timeline-LABEL.json")
+    parser.add_argument("--serve-with-stamps", type=pathlib.Path, default=None, help=argparse.SUPPRESS)
+    args, rest = parser.parse_known_args(argv)
+    if args.serve_with_stamps is not None:
+        serve_with_stamps(args.serve_with_stamps, args.no_sync, rest)
+        return 0
+
+    from shardq import event_loops
+    from shardq.grpc_io import use_completion_queue_polling
+
+    use_completion_queue_polling()  # as the shardq command does, for this client too
+    root = pathlib.Path(tempfile.mkdtemp(prefix="shardq-timeline-"))
+    stamps_file, log_file = root / "server-stamps.json", root / "server.log"
+    command = [sys.executable, __file__, "--serve-with-stamps", str(stamps_file)]
+    command += ["--no-sync"] if args.no_sync else []
+    command += ["serve", "--data-dir", str(root / "data"), "--port", "0", "--queue", "bench:shards=4"]
+    with log_file.open("w") as log:
+        server = subprocess.Popen([*command, "--log-format", "text"], stdout=log, stderr=log)
+    try:
+        endpoint = wait_until_ready(server, log_file)
+        print(f"[send-timeline] {args.sends} sends to {endpoint} ...", file=sys.stderr, flush=True)
+        client = event_loops.run(send_with_stamps(endpoint, args.sends))
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+    server_stamps = json.loads(stamps_file.read_text())
+    shutil.rmtree(root, ignore_errors=True)
+    report = {
+        "benchmark": "send-timeline",
+        "sends": args.sends,
+        "server_syncs": not args.no_sync,
+        "grpc_experiments": os.environ.get("GRPC_EXPERIMENTS", ""),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "p50_us": segments(client, server_stamps, args.sends),
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"send-timeline-{args.label}.json").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
