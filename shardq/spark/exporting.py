@@ -50,12 +50,14 @@ def _passing(rpc_error: grpc.RpcError, error: ShardqError) -> bool:
 
 
 class _Patience:
-    """The retry budget of one read: backs off between attempts, and says when it is spent."""
+    """The retry budget of one read: backs off between attempts, says when it is spent,
+    and counts the NOT_LEADER hints followed in a row."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
         self._deadline = time.monotonic() + seconds
         self._backoff = _FIRST_BACKOFF_SECONDS
+        self.leader_hops = 0
 
     @property
     def fresh(self) -> bool:
@@ -127,17 +129,17 @@ class ExportConnection:
         return True
 
     def _recover(
-        self, rpc_error: grpc.RpcError, queue: str, shard: int, what: str, patience: _Patience, hops: list[int]
+        self, rpc_error: grpc.RpcError, queue: str, shard: int, what: str, patience: _Patience
     ) -> ShardqError | None:
         """None when the call should be made again (to a named leader, or after a wait);
         else the error to raise, which says how long the read kept trying."""
         error = error_from_rpc(rpc_error, queue=queue)
-        if hops[0] < _LEADER_HOPS and self._follow(error, queue, shard):
-            hops[0] += 1
+        if patience.leader_hops < _LEADER_HOPS and self._follow(error, queue, shard):
+            patience.leader_hops += 1
             return None
         if not _passing(rpc_error, error) or patience.seconds <= 0:
             return error
-        hops[0] = 0
+        patience.leader_hops = 0
         # Back to the endpoint the reader was given: a leader that went away is found
         # again through the NOT_LEADER hint of whichever server answers.
         self._leaders.pop((queue, shard), None)
@@ -159,12 +161,11 @@ class ExportConnection:
 
     def _unary(self, call: Callable[[export_pb2_grpc.ExportServiceStub], T], queue: str, shard: int, what: str) -> T:
         patience = _Patience(self._retry_seconds)
-        hops = [0]
         while True:
             try:
                 return call(self._stub(queue, shard))
             except grpc.RpcError as rpc_error:
-                error = self._recover(rpc_error, queue, shard, what, patience, hops)
+                error = self._recover(rpc_error, queue, shard, what, patience)
                 if error is not None:
                     raise error from None
 
@@ -213,17 +214,17 @@ class ExportConnection:
         Streams carry no deadline: reading a long journal may take a while, and
         a dropped connection ends the stream with an error anyway.
         """
-        resume_at = [from_index]
+        resume_at = from_index
 
         def read_from_where_it_broke(stub: export_pb2_grpc.ExportServiceStub) -> Any:
             request = export_pb2.ReadJournalRequest(
-                queue=queue, shard=shard, from_index=resume_at[0], to_index=to_index, batch_size=batch_size
+                queue=queue, shard=shard, from_index=resume_at, to_index=to_index, batch_size=batch_size
             )
             return stub.ReadJournal(request)
 
         for batch in self._stream(read_from_where_it_broke, queue, shard, "ReadJournal", resumable=True):
             if batch.next_index:
-                resume_at[0] = batch.next_index
+                resume_at = batch.next_index
             yield batch
 
     def message_batches(
@@ -247,7 +248,6 @@ class ExportConnection:
         it names and a passing failure is retried, before the first item, or at any point
         when `start` resumes where the stream broke; other errors are the caller's."""
         patience = _Patience(self._retry_seconds)
-        hops = [0]
         while True:
             call = start(self._stub(queue, shard))
             started = False
@@ -261,7 +261,7 @@ class ExportConnection:
             except grpc.RpcError as rpc_error:
                 if started and not resumable:
                     raise error_from_rpc(rpc_error, queue=queue) from None
-                error = self._recover(rpc_error, queue, shard, what, patience, hops)
+                error = self._recover(rpc_error, queue, shard, what, patience)
                 if error is not None:
                     raise error from None
             finally:
