@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import pathlib
 import random
@@ -32,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import lmdb
+import reports  # bench/reports.py: this script's directory is sys.path[0]
 
 PAGE = 4096
 PAGE_COUNTS = (1, 2, 4, 10, 20)
@@ -127,11 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         "lmdb": lmdb.__version__,
         "results": results,
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "commit-cost.json").write_text(text + "\n")
+    reports.emit(report, args.out, "commit-cost.json")
     return 0
 
 

@@ -25,7 +25,6 @@ import contextlib
 import dataclasses
 import datetime
 import io
-import json
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -43,6 +42,8 @@ import tempfile
 import time
 from collections.abc import Coroutine, Iterator
 from typing import Any
+
+import reports  # bench/reports.py: this script's directory is sys.path[0]
 
 from shardq.grpc_io import use_completion_queue_polling
 
@@ -456,16 +457,19 @@ def start_server(
     queue_option: str,
     profile_path: pathlib.Path | None,
     extra_args: tuple[str, ...] = (),
+    *,
+    launcher: tuple[str, ...] = ("-m", "shardq"),
 ) -> Server:
     """`shardq serve` on a kernel-chosen port; ready once it prints its listening line.
-    `extra_args` go to `shardq serve` as they are (e.g. --writer-threads 2)."""
+    `extra_args` go to `shardq serve` as they are (e.g. --writer-threads 2); `launcher`
+    is what Python runs in place of `-m shardq` (a script taking the same arguments)."""
     log_path = data_dir.parent / "server.log"
     command = [sys.executable]
     if profile_path is not None:
         # Not `-m cProfile`: that sees only the main thread, and commits run on per-shard writer threads.
         command += [str(PROFILED_SERVER), str(profile_path)]
     else:
-        command += ["-m", "shardq"]
+        command += list(launcher)
     command += ["serve", "--data-dir", str(data_dir), "--host", "127.0.0.1", "--port", "0"]
     command += ["--queue", queue_option, "--log-format", "text", *extra_args]
     with log_path.open("wb") as log:
@@ -798,11 +802,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     report = run(args)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"dataplane-{args.label}.json").write_text(text + "\n")
+    reports.emit(report, args.out, f"dataplane-{args.label}.json")
     return 0
 
 

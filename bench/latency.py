@@ -42,7 +42,6 @@ import argparse
 import asyncio
 import contextlib
 import datetime
-import json
 import os
 import pathlib
 import shutil
@@ -53,6 +52,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import dataplane  # bench/dataplane.py: this script's directory is sys.path[0]
+import reports
 
 from shardq import event_loops
 from shardq.aio import AsyncClient, ConsumerStream
@@ -439,11 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_before_after_each_run": loads,
         "results": results,
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"latency-{args.label}.json").write_text(text + "\n")
+    reports.emit(report, args.out, f"latency-{args.label}.json")
     return 0
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
-import json
 import pathlib
 import subprocess
 import sys
@@ -34,6 +33,7 @@ import time
 import uuid
 from typing import Any
 
+import reports  # bench/reports.py: this script's directory is sys.path[0]
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -172,11 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         "polling": polling,
         "watching": watching,
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "lease-requests.json").write_text(text + "\n")
+    reports.emit(result, args.out, "lease-requests.json")
     say(
         f"API requests/s, idle {args.servers}x{args.shards}: baseline {baseline['total_per_s']}, "
         f"polling {polling['total_per_s']} (leases {polling['leases_per_s']}), "

@@ -37,7 +37,6 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
-import json
 import os
 import pathlib
 import random
@@ -53,6 +52,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import dataplane  # bench/dataplane.py: this script's directory is sys.path[0]
+import reports
 
 # The benchmarks share the tests' support package (one free-port probe, one way to
 # seed a cluster); run as `python bench/replication.py`, the repository is not on the path.
@@ -859,11 +859,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"kept {data_root}")
         else:
             shutil.rmtree(data_root, ignore_errors=True)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"replication-{args.label}.json").write_text(text + "\n")
+    reports.emit(report, args.out, f"replication-{args.label}.json")
     return 0
 
 

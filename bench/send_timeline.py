@@ -21,13 +21,13 @@ import json
 import os
 import pathlib
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
+
+import reports  # bench/reports.py: this script's directory is sys.path[0]
 
 SERVER_STAMPS = ("decoded", "handler_started", "commit_started", "commit_ended", "handler_ended", "encoded")
 WARM_UP_SENDS = 200
@@ -181,19 +181,6 @@ def segments(client: dict[str, list[float]], server: dict[str, list[float]], sen
     }
 
 
-def wait_until_ready(server: subprocess.Popen[bytes], log_file: pathlib.Path) -> str:
-    """The server's endpoint, once it says it is ready (within 30 s)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"send_timeline: the server exited with {server.returncode}:\n{log_file.read_text()}")
-        text = log_file.read_text()
-        if "shardq: ready" in text:
-            return text.split("shardq: listening on ", 1)[1].split()[0]
-        time.sleep(0.05)
-    raise SystemExit(f"send_timeline: the server was not ready within 30 s:\n{log_file.read_text()}")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sends", type=int, default=3_000)
@@ -206,24 +193,22 @@ def main(argv: list[str] | None = None) -> int:
         serve_with_stamps(args.serve_with_stamps, args.no_sync, rest)
         return 0
 
-    from shardq import event_loops
-    from shardq.grpc_io import use_completion_queue_polling
+    # Imported here, not at the top: the server's side above has no use for the
+    # benchmark client (dataplane also asks for gRPC's completion-queue I/O, as the
+    # shardq command does, before it imports gRPC).
+    import dataplane  # bench/dataplane.py: this script's directory is sys.path[0]
 
-    use_completion_queue_polling()  # as the shardq command does, for this client too
+    from shardq import event_loops
+
     root = pathlib.Path(tempfile.mkdtemp(prefix="shardq-timeline-"))
-    stamps_file, log_file = root / "server-stamps.json", root / "server.log"
-    command = [sys.executable, __file__, "--serve-with-stamps", str(stamps_file)]
-    command += ["--no-sync"] if args.no_sync else []
-    command += ["serve", "--data-dir", str(root / "data"), "--port", "0", "--queue", "bench:shards=4"]
-    with log_file.open("w") as log:
-        server = subprocess.Popen([*command, "--log-format", "text"], stdout=log, stderr=log)
+    stamps_file = root / "server-stamps.json"
+    launcher = (__file__, "--serve-with-stamps", str(stamps_file), *(["--no-sync"] if args.no_sync else []))
+    server = dataplane.start_server(root / "data", "bench:shards=4", None, launcher=launcher)
     try:
-        endpoint = wait_until_ready(server, log_file)
-        print(f"[send-timeline] {args.sends} sends to {endpoint} ...", file=sys.stderr, flush=True)
-        client = event_loops.run(send_with_stamps(endpoint, args.sends))
+        print(f"[send-timeline] {args.sends} sends to {server.endpoint} ...", file=sys.stderr, flush=True)
+        client = event_loops.run(send_with_stamps(server.endpoint, args.sends))
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=30)
+        dataplane.stop_process(server.process)
     server_stamps = json.loads(stamps_file.read_text())
     shutil.rmtree(root, ignore_errors=True)
     report = {
@@ -234,11 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "p50_us": segments(client, server_stamps, args.sends),
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"send-timeline-{args.label}.json").write_text(text + "\n")
+    reports.emit(report, args.out, f"send-timeline-{args.label}.json")
     return 0
 
 
