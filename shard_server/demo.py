@@ -33,7 +33,7 @@ from shardq.consumer import ConsumerStats, run_consumer
 from shardq.coordination.local_leases import LocalLeaseStore
 from shardq.durations import parse_duration_ms
 from shardq.errors import ShardqError
-from shardq.types import ReceivedMessage
+from shardq.types import QueueAttributes, ReceivedMessage
 
 QUEUE = "demo"
 DLQ = "demo-dlq"
@@ -98,20 +98,42 @@ async def _wait_ready(data_dir: pathlib.Path, supervisor: subprocess.Popen[bytes
     raise click.ClickException("the cluster did not become ready in time")
 
 
+async def _whole_counts(client: AsyncClient, queue: str) -> QueueAttributes | None:
+    """The queue's counts if every shard's leader answered, else None. A server counts the
+    shards led elsewhere by asking their leaders, and leaves out those it cannot reach (as
+    for a moment after the demo's kill): such a partial count reads as fewer messages."""
+    try:
+        attributes, routes = await asyncio.wait_for(
+            asyncio.gather(client.attributes(queue), client.describe(queue)), timeout=5
+        )
+    except (ShardqError, TimeoutError):
+        return None
+    return attributes if len(attributes.shards) == len(routes) else None
+
+
 async def _drain(client: AsyncClient, stop: asyncio.Event, *, timeout_s: float) -> bool:
     """Wait until nothing of the demo queue is left to handle (the DLQ keeps its own),
     `timeout_s` at most, or until Ctrl-C."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not stop.is_set():
-        try:
-            attributes = await asyncio.wait_for(client.attributes(QUEUE), timeout=5)
-        except (ShardqError, TimeoutError):
-            await asyncio.sleep(0.5)
-            continue
-        if attributes.visible + attributes.in_flight + attributes.delayed + attributes.dead_letter_pending == 0:
+        attributes = await _whole_counts(client, QUEUE)
+        if attributes is not None and (
+            attributes.visible + attributes.in_flight + attributes.delayed + attributes.dead_letter_pending == 0
+        ):
             return True
         await asyncio.sleep(0.5)
     return False
+
+
+async def _dead_lettered(client: AsyncClient, *, within_s: float) -> str:
+    """How many messages the DLQ holds, counted over all its shards (or why not)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        attributes = await _whole_counts(client, DLQ)
+        if attributes is not None:
+            return str(attributes.visible)
+        await asyncio.sleep(0.5)
+    return f"unknown (not every leader of {DLQ} answered within {within_s:.0f}s)"
 
 
 def poisoned(number: int) -> bool:
@@ -272,10 +294,7 @@ async def _run_demo(
         else:
             click.echo(f"stopped after {DRAIN_TIMEOUT_S:.0f}s of draining; the rest stays queued", err=True)
         # Read after the drain: the last progress line may predate the last dead-lettering.
-        try:
-            dead_lettered = str((await client.attributes(DLQ)).visible)
-        except ShardqError as error:
-            dead_lettered = f"unknown ({error.message})"
+        dead_lettered = await _dead_lettered(client, within_s=DRAIN_TIMEOUT_S)
         click.echo(
             f"done: sent {sent}, handled {consumer_stats.handled}, dead-lettered {dead_lettered}, "
             f"failed attempts {consumer_stats.failed}, sends retried during failover {retries}"
