@@ -103,12 +103,10 @@ async def _whole_counts(client: AsyncClient, queue: str) -> QueueAttributes | No
     shards led elsewhere by asking their leaders, and leaves out those it cannot reach (as
     for a moment after the demo's kill): such a partial count reads as fewer messages."""
     try:
-        attributes, routes = await asyncio.wait_for(
-            asyncio.gather(client.attributes(queue), client.describe(queue)), timeout=5
-        )
+        attributes = await asyncio.wait_for(client.attributes(queue), timeout=5)
     except (ShardqError, TimeoutError):
         return None
-    return attributes if len(attributes.shards) == len(routes) else None
+    return attributes if attributes.complete else None
 
 
 async def _drain(client: AsyncClient, stop: asyncio.Event, *, timeout_s: float) -> bool:
@@ -272,10 +270,12 @@ async def _run_demo(
                 recent = sorted(latencies[-500:])
                 p50 = recent[len(recent) // 2] if recent else 0.0
                 leaders = await asyncio.to_thread(_leaders, leases)
+                uncounted = sorted({*stats.uncounted_shards, *dead.uncounted_shards})
+                partial = f"  (counts leave out shard(s) {uncounted}: no leader answered)" if uncounted else ""
                 click.echo(
                     f"sent {sent:>6}  handled {consumer_stats.handled:>6}  failed {consumer_stats.failed:>4}  "
                     f"visible {stats.visible:>4}  in-flight {stats.in_flight:>3}  dead-lettered {dead.visible:>3}  "
-                    f"p50 {p50:6.1f} ms  leaders {leaders}",
+                    f"p50 {p50:6.1f} ms  leaders {leaders}{partial}",
                     err=True,
                 )
 

@@ -583,6 +583,7 @@ class AsyncClient:
                 )
                 for s in r.shards
             ],
+            uncounted_shards=tuple(r.uncounted_shards),
         )
 
     async def describe(self, queue: str) -> list[ShardRoute]:

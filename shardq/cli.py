@@ -26,7 +26,7 @@ from shardq.client import Client
 from shardq.durations import format_duration_ms, parse_duration_ms
 from shardq.errors import Reason, ShardqError
 from shardq.queues import MAX_RECEIVE_BATCH
-from shardq.types import Message, ReceivedMessage
+from shardq.types import Message, QueueAttributes, ReceivedMessage
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -377,12 +377,26 @@ def stats(endpoint: str, queue: str, as_json: bool) -> None:
         "dead_letter_pending": attributes.dead_letter_pending,
         "oldest_age_ms": attributes.oldest_age_ms,
         "shards": len(attributes.shards),
+        "uncounted_shards": list(attributes.uncounted_shards),
     }
+    warn_if_uncounted(attributes)
     if as_json:
         click.echo(json.dumps(summary))
     else:
         for key, value in summary.items():
-            click.echo(f"{key:>20}  {value}")
+            shown = (",".join(map(str, value)) or "-") if isinstance(value, list) else value
+            click.echo(f"{key:>20}  {shown}")
+
+
+def warn_if_uncounted(attributes: QueueAttributes) -> None:
+    """On stderr: the counts leave out shards whose leader did not answer."""
+    if not attributes.complete:
+        shards = ", ".join(map(str, attributes.uncounted_shards))
+        click.echo(
+            f"warning: {attributes.queue}: shard(s) {shards} not counted (no leader answered); "
+            "the counts leave out their messages",
+            err=True,
+        )
 
 
 @main.command()
@@ -410,7 +424,9 @@ def queues(endpoint: str, as_json: bool) -> None:
     if as_json:
         for name, attributes, settings in rows:
             depth = {"visible": attributes.visible, "in_flight": attributes.in_flight, "delayed": attributes.delayed}
-            click.echo(json.dumps({"queue": name, **depth, "settings": settings}))
+            uncounted = list(attributes.uncounted_shards)
+            click.echo(json.dumps({"queue": name, **depth, "uncounted_shards": uncounted, "settings": settings}))
+            warn_if_uncounted(attributes)
         return
     click.echo(f"{'QUEUE':<24} {'VISIBLE':>8} {'IN-FLIGHT':>9} {'DELAYED':>8}  SETTINGS")
     for name, attributes, settings in rows:
@@ -418,6 +434,8 @@ def queues(endpoint: str, as_json: bool) -> None:
             f"{name:<24} {attributes.visible:>8} {attributes.in_flight:>9} {attributes.delayed:>8}  "
             + describe_settings(settings)
         )
+    for _, attributes, _ in rows:
+        warn_if_uncounted(attributes)
 
 
 def describe_settings(settings: dict[str, Any]) -> str:

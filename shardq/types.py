@@ -75,6 +75,14 @@ class QueueAttributes:
     oldest_sent_at_ms: int
     oldest_age_ms: int
     shards: list[ShardAttributes]
+    # Shards the totals leave out: their leader did not answer in time, or none is known
+    # (for a moment after a leader dies). The totals then read low.
+    uncounted_shards: tuple[int, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        """Whether the totals count every shard of the queue."""
+        return not self.uncounted_shards
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -38,13 +38,17 @@ class Wanted:
 
 def read_queue_counts(addresses: Sequence[str], queue: str) -> dict[str, Any] | None:
     """visible / inFlight / oldestAge of `queue` from the first server that answers
-    (it gathers the other shards' from their leaders), or None when none does."""
+    (it gathers the other shards' from their leaders), or None when none does or some
+    shard's leader did not answer: the status keeps its last whole figures rather than
+    show a count that leaves out a shard's messages."""
     for address in addresses:
         try:
             with Client(address, route_directly=False) as shardq_client:
                 attributes = shardq_client.attributes(queue)
         except ShardqError:
             continue
+        if not attributes.complete:
+            continue  # another server may reach the leader this one could not
         return {
             "visible": attributes.visible,
             "inFlight": attributes.in_flight,

@@ -76,6 +76,17 @@ def _unsent_receipts(outgoing: asyncio.Queue[queue_pb2.ConsumeResponse | ShardqE
     return receipts
 
 
+def one_per_shard(shards: list[queue_pb2.ShardAttributes]) -> list[queue_pb2.ShardAttributes]:
+    """One count per shard: while leadership moves, the old leader and the new one may
+    both answer for a shard, and the newer epoch's count is the one that stands."""
+    newest: dict[int, queue_pb2.ShardAttributes] = {}
+    for attributes in shards:
+        known = newest.get(attributes.shard)
+        if known is None or attributes.epoch > known.epoch:
+            newest[attributes.shard] = attributes
+    return list(newest.values())
+
+
 def _consume_frame() -> tuple[queue_pb2.ConsumeResponse, queue_pb2.ReceiveMessagesResponse]:
     response = queue_pb2.ConsumeResponse()
     return response, response.messages
@@ -225,6 +236,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             )
             for shard, s in stats
         ]
+        uncounted: list[int] = []
         if not forwarded and queue.router is not None:
             calls = queue.router.calls
 
@@ -232,12 +244,17 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                 try:
                     remote = await calls.queue_attributes(leader, queue.config.name, timeout_s=REMOTE_COUNTS_WITHIN_S)
                 except ShardqError:
-                    return []  # counts are approximate; an unreachable leader's shards are missing
+                    return []  # its shards are named in uncounted_shards below
                 return list(remote.shards)
 
             # All leaders at once: a hung one costs the call one deadline, not one each.
             for remote_shards in await asyncio.gather(*(counted_by(leader) for leader in queue.remote_leaders())):
                 shards.extend(remote_shards)
+            shards = one_per_shard(shards)
+            # Shards with no answer, or no known leader: the caller is told, not handed
+            # totals that silently read as fewer messages.
+            counted = {a.shard for a in shards}
+            uncounted = [index for index in range(queue.config.shards) if index not in counted]
         shards.sort(key=lambda a: a.shard)
         oldest = min((a.oldest_sent_at_ms for a in shards if a.oldest_sent_at_ms), default=0)
         return queue_pb2.QueueAttributes(
@@ -250,6 +267,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             oldest_age_ms=max(wall_clock_ms() - oldest, 0) if oldest else 0,
             shards=shards,
             config=config_to_proto(queue.config),
+            uncounted_shards=uncounted,
         )
 
     @unary("DescribeQueue")

@@ -625,6 +625,7 @@ class QueueAttributes(_message.Message):
     OLDEST_AGE_MS_FIELD_NUMBER: _builtins.int
     SHARDS_FIELD_NUMBER: _builtins.int
     CONFIG_FIELD_NUMBER: _builtins.int
+    UNCOUNTED_SHARDS_FIELD_NUMBER: _builtins.int
     queue: _builtins.str
     visible: _builtins.int
     in_flight: _builtins.int
@@ -637,6 +638,14 @@ class QueueAttributes(_message.Message):
     def shards(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShardAttributes]: ...
     @_builtins.property
     def config(self) -> Global___QueueConfig: ...
+    @_builtins.property
+    def uncounted_shards(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Shards left out of the counts above: their leader did not answer in time, or none is
+        known (for a moment after a leader dies). Empty when every shard was counted. A
+        server answering a call forwarded by another counts only the shards it leads and
+        leaves this empty: the server that forwarded it fills it in.
+        """
+
     def __init__(
         self,
         *,
@@ -649,10 +658,11 @@ class QueueAttributes(_message.Message):
         oldest_age_ms: _builtins.int = ...,
         shards: _abc.Iterable[Global___ShardAttributes] | None = ...,
         config: Global___QueueConfig | None = ...,
+        uncounted_shards: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "dead_letter_pending", b"dead_letter_pending", "delayed", b"delayed", "in_flight", b"in_flight", "oldest_age_ms", b"oldest_age_ms", "oldest_sent_at_ms", b"oldest_sent_at_ms", "queue", b"queue", "shards", b"shards", "visible", b"visible"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "dead_letter_pending", b"dead_letter_pending", "delayed", b"delayed", "in_flight", b"in_flight", "oldest_age_ms", b"oldest_age_ms", "oldest_sent_at_ms", b"oldest_sent_at_ms", "queue", b"queue", "shards", b"shards", "uncounted_shards", b"uncounted_shards", "visible", b"visible"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
