@@ -9,9 +9,9 @@ thread reads and writes the socket itself, one thread hand-off fewer each way. O
 2-core VMs this project is measured on, a bare grpc.aio stream round trip went from
 0.37 to 0.245 ms p50, and a durable send over shardq's producer stream from 1.77 to
 1.55 ms (README, latency section: 19 of 20 cells faster, server CPU per call lower in
-all 20). At saturation it is a trade-off: sends ran 9-14% faster, the consumer-stream
-drain 8% slower, likely because a socket write now runs on the thread that starts it,
-the saturated event loop.
+all 20). At saturation the first check found sends 9-14% faster and the consumer-stream
+drain 8% slower; a recheck of six alternating pairs found every saturated phase within
+the pairs' spread (drain -1%, server CPU per message unchanged).
 
 gRPC reads its experiments once, when `grpc` is first imported, from GRPC_EXPERIMENTS.
 So this is set by the `shardq` command (servers, `shardq local`, the CLI's client
