@@ -8,6 +8,17 @@ there is nothing to share a batch with, and waiting for the next loop turn and
 a task of its own would only add latency. Used for single
 sends and batches onto the producer stream, and for acknowledgements on the
 consumer stream: the server's cost is per request far more than per message.
+
+A batch that is not full waits while another is in flight (as Nagle's algorithm
+holds a small TCP segment), and the next batch forms at the end of the loop turn
+in which the one in flight was answered, so the callers its answers woke join it.
+Without this, a few callers each keeping one call in flight split into groups
+that took turns: the first to call again went out alone, the rest in a second
+batch right behind it, and on the server each group's commit (and fsync) waited
+for the other's. Four callers sending single messages over one producer stream
+waited 1.75 ms p50 per send where one caller waited 1.1; now 1.2 (README, latency
+section). Full batches still go out up to max_in_flight at once, so a bulk send
+keeps its pipeline.
 """
 
 from __future__ import annotations
@@ -57,17 +68,23 @@ class Coalescer(Generic[Item, Result]):
             return list(await self._submit(chunk))
         finally:
             self._in_flight -= 1
-            self._flush()
+            if self._pending:  # else this caller's next call may go out alone again, at once
+                self._flush_soon()
 
     def _enqueue(self, chunk: list[Item]) -> asyncio.Future[list[Result]]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[Result]] = loop.create_future()
         self._pending.append((chunk, future))
-        if not self._flush_scheduled and self._in_flight < self._max_in_flight:
-            # Let every call made in this loop turn join the batch first.
-            self._flush_scheduled = True
-            loop.call_soon(self._flush)
+        if self._in_flight < self._max_in_flight:
+            self._flush_soon()
         return future
+
+    def _flush_soon(self) -> None:
+        """Flush at the end of this loop turn: every call made in it joins the batch first,
+        and so do the callers woken by the answer that just arrived."""
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -77,6 +94,8 @@ class Coalescer(Generic[Item, Result]):
             while taken < len(self._pending) and size + len(self._pending[taken][0]) <= self._max_batch:
                 size += len(self._pending[taken][0])
                 taken += 1
+            if self._in_flight and size < self._max_batch:
+                return  # not full: it waits for the batch in flight, and whoever that one's answers wake
             batch, self._pending = self._pending[:taken], self._pending[taken:]
             self._in_flight += 1
             asyncio.get_running_loop().create_task(self._send(batch))
@@ -96,4 +115,6 @@ class Coalescer(Generic[Item, Result]):
                 start += len(chunk)
         finally:
             self._in_flight -= 1
-            self._flush()
+            # Even with nothing pending: the callers just answered call again from tasks that
+            # run before the flush, and find it scheduled, so they share one batch.
+            self._flush_soon()

@@ -96,3 +96,67 @@ def test_a_call_larger_than_max_batch_spans_batches_in_order(size: int) -> None:
         assert all(len(batch) <= 3 for batch in submit.batches)
 
     asyncio.run(scenario())
+
+
+def test_callers_each_keeping_one_call_in_flight_share_one_batch() -> None:
+    """Four callers, each calling again as soon as answered: they settle into one batch
+    per round, not a lone call and the other three right behind it taking turns (each
+    group then waited for the other's commit on the server)."""
+
+    async def scenario() -> None:
+        batches: list[list[tuple[int, int]]] = []
+        in_flight: list[int] = []
+        busy = 0
+
+        async def submit(items: list[tuple[int, int]]) -> list[int]:
+            nonlocal busy
+            batches.append(items)
+            busy += 1
+            in_flight.append(busy)
+            await asyncio.sleep(0.002)
+            busy -= 1
+            return [caller for caller, _ in items]
+
+        coalescer: Coalescer[tuple[int, int], int] = Coalescer(submit, max_batch=100, max_in_flight=8)
+
+        async def caller(number: int) -> None:
+            for round_ in range(6):
+                assert await coalescer.add((number, round_)) == number
+
+        await asyncio.gather(*(caller(number) for number in range(4)))
+        # The first caller went out alone; the other three waited for it (a partial
+        # batch never goes while one is in flight) and took the first one's next call along.
+        assert [len(batch) for batch in batches[:2]] == [1, 4]
+        assert all(len(batch) == 4 for batch in batches[1:-1]), batches
+        assert max(in_flight) == 1
+
+    asyncio.run(scenario())
+
+
+def test_full_batches_go_out_while_others_are_in_flight() -> None:
+    """A bulk call keeps its pipeline: full batches go out up to max_in_flight at once,
+    and only the partial tail waits for them."""
+
+    async def scenario() -> None:
+        busy = 0
+        most = 0
+        sizes: list[tuple[int, int]] = []
+
+        async def submit(items: list[int]) -> list[int]:
+            nonlocal busy, most
+            busy += 1
+            most = max(most, busy)
+            sizes.append((len(items), busy))
+            await asyncio.sleep(0.002)
+            busy -= 1
+            return [item * 10 for item in items]
+
+        coalescer: Coalescer[int, int] = Coalescer(submit, max_batch=10, max_in_flight=3)
+        items = list(range(45))
+        assert await coalescer.add_many(items) == [i * 10 for i in items]
+        assert most == 3
+        # The four full batches went out three at once; the tail of 5 went out alone.
+        assert sorted(size for size, _ in sizes) == [5, 10, 10, 10, 10]
+        assert sizes[-1] == (5, 1)
+
+    asyncio.run(scenario())
