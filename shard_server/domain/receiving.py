@@ -34,6 +34,21 @@ class ReceiveOutcome:
     claimed_bytes: int = 0
 
 
+# Receives start their claims at the same shard for a while, then at the next: concurrent
+# consumers then claim from one shard, and their claims and deletes share its commits
+# (each shard is an LMDB environment of its own, so work on four shards costs four
+# commits and four fsyncs where work on one costs one). Every shard leads in turn, once
+# every CLAIM_ROTATION_MS (up to 400 shards), so none waits long while another has plenty.
+CLAIM_ROTATION_MS = 400
+
+
+def first_shard_to_claim(now_ms: int, shards: int) -> int:
+    """Which of `shards` (by position) a receive made at `now_ms` claims from first: each
+    in turn, for CLAIM_ROTATION_MS / shards at a time (at least a millisecond, so a
+    queue of more shards than that takes a millisecond per shard to go round)."""
+    return (now_ms // max(1, CLAIM_ROTATION_MS // shards)) % shards
+
+
 def newest_seq(outcome: ReceiveOutcome) -> int:
     """The newest message a claim hands out (0 for none): it may answer before its
     commit only if that message's send is durable already."""

@@ -273,7 +273,6 @@ class HostedQueue:
         self.router = router
         self._waiters: set[asyncio.Future[None]] = set()
         self._round_robin = itertools.count()
-        self._receive_start = itertools.count()
         # Set when a receive dead-letters something; the mover then runs at once.
         self.dead_letters_waiting = asyncio.Event()
         _refuse_orphaned_shards(config, directory)
@@ -631,15 +630,18 @@ class HostedQueue:
     async def _claim_now(
         self, shards: list[HostedShard], max_messages: int, visibility_timeout_ms: int
     ) -> list[tuple[HostedShard, ClaimedMessage]]:
+        if not shards:
+            return []  # none led here (cluster mode): the caller asks their leaders
         now = wall_clock_ms()
         count = len(shards)
-        start = next(self._receive_start)
+        start = receiving.first_shard_to_claim(now, count)
         claimed: list[tuple[HostedShard, ClaimedMessage]] = []
         claimed_bytes = 0
         rotation = [shards[(start + offset) % count] for offset in range(count)]
         # Shards whose next batch is still taking requests come first: a claim there shares
         # that transaction and fsync, and so, later, do the deletes of what concurrent
-        # consumers claimed together. The rotation decides otherwise, so no shard waits long.
+        # consumers claimed together. Otherwise the rotation decides: one shard first for a
+        # turn (concurrent receives then share its commits), every shard in turn.
         collecting = [shard for shard in rotation if shard.committer.collecting]
         for shard in collecting + [shard for shard in rotation if shard not in collecting]:
             visible_at = shard.next_visible_at()
