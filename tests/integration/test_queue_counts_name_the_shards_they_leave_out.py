@@ -16,9 +16,9 @@ from collections.abc import Iterator
 import pytest
 from shardq_operator.server_reads import read_queue_counts
 
-from shardq import Client, Message, ShardqError
+from shardq import Client, ShardqError
 from shardq.types import QueueAttributes
-from tests.support.clusters import Cluster, running
+from tests.support.clusters import Cluster, running, send_until_accepted
 from tests.support.servers import wait_for
 
 # Two shards: s1 leads shard 0, s2 leads shard 1; each holds the other's follower copy.
@@ -39,22 +39,11 @@ def whole_counts(client: Client) -> QueueAttributes | None:
     return attributes if attributes.complete and attributes.visible == SENT else None
 
 
-def send_all(client: Client) -> None:
-    def attempt(start: int) -> bool:
-        try:
-            results = client.send_messages("orders", [Message(f"m{start + i}".encode()) for i in range(10)])
-        except ShardqError:  # the servers are still taking leadership
-            return False
-        return all(result.ok for result in results)
-
-    for start in range(0, SENT, 10):  # batches go round robin over both shards
-        wait_for(lambda start=start: attempt(start) or None, timeout=30, interval=0.2, what="a batch accepted")
-
-
 @pytest.mark.timeout(120)
 def test_counts_name_a_shard_whose_leader_is_down(cluster: Cluster) -> None:
     with Client(cluster.endpoint("s1"), route_directly=False) as client:
-        send_all(client)
+        for start in range(0, SENT, 10):  # batches go round robin over both shards
+            send_until_accepted(client, [f"m{start + i}".encode() for i in range(10)], shard_hint="startup")
         before = wait_for(lambda: whole_counts(client), timeout=30, what="every message counted")
         assert before.uncounted_shards == ()
         per_shard = {shard.shard: shard.visible for shard in before.shards}

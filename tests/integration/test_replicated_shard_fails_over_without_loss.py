@@ -10,27 +10,12 @@ import time
 import grpc
 import pytest
 
-from shardq import Client, Message, ShardqError
+from shardq import Client
 from shardq.api.v1 import replication_pb2, replication_pb2_grpc
 from shardq.coordination.fencing import build_takeover, is_expired, isr_of
 from shardq.coordination.leases import LeaseRecord
-from tests.support.clusters import LEASE_MS, Cluster
+from tests.support.clusters import LEASE_MS, Cluster, send_until_accepted
 from tests.support.servers import wait_for
-
-
-def send_until_accepted(client: Client, bodies: list[bytes], *, shard_hint: str) -> list[str]:
-    """Send through any server, retrying while leadership settles; returns acknowledged ids."""
-
-    def attempt() -> list[str] | None:
-        try:
-            results = client.send_messages("orders", [Message(body) for body in bodies])
-        except ShardqError:  # the cluster is electing: retry until the deadline
-            return None
-        if all(result.ok for result in results):
-            return [result.message_id for result in results]
-        return None
-
-    return wait_for(attempt, timeout=30, interval=0.2, what=f"sends accepted ({shard_hint})")
 
 
 def drain(client: Client) -> dict[bytes, str]:

@@ -30,7 +30,7 @@ from shardq.coordination.leases import LeaseConflict, LeaseRecord, LeaseStore
 from shardq.coordination.local_leases import LocalLeaseStore
 from shardq.coordination.placement import ShardId
 from shardq.coordination.takeovers import build_initial_lease
-from shardq.errors import NotLeader, Unavailable
+from shardq.errors import NotLeader, ShardqError, Unavailable
 from tests.support.ports import free_port
 from tests.support.servers import wait_for
 
@@ -203,3 +203,18 @@ def send_once_led(client: Client, body: bytes, *, queue: str = "orders") -> Send
         return sent
 
     return wait_for(attempt, timeout=30, interval=0.1, what=f"{queue} led")
+
+
+def send_until_accepted(client: Client, bodies: list[bytes], *, shard_hint: str) -> list[str]:
+    """Send through any server, retrying while leadership settles; returns acknowledged ids."""
+
+    def attempt() -> list[str] | None:
+        try:
+            results = client.send_messages("orders", [Message(body) for body in bodies])
+        except ShardqError:  # the cluster is electing: retry until the deadline
+            return None
+        if all(result.ok for result in results):
+            return [result.message_id for result in results]
+        return None
+
+    return wait_for(attempt, timeout=30, interval=0.2, what=f"sends accepted ({shard_hint})")
