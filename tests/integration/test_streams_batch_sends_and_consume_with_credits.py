@@ -67,6 +67,39 @@ def test_consumer_stream_holds_no_more_than_its_credits(server_factory: ServerFa
     assert (in_flight, visible) == (credits, 30 - credits)
 
 
+def test_consumer_stream_gives_credits_back_in_halves(server_factory: ServerFactory) -> None:
+    """Credits go back once half of them were taken: until then the server holds no more
+    than the first grant; the half-th message taken grants half again, and no more."""
+    server = server_factory(SPEC)
+    credits = 8
+
+    async def take_up_to_half() -> tuple[int, int]:
+        async with AsyncClient(server.endpoint) as client:
+            await client.send_messages(QUEUE, [Message(b"%d" % i) for i in range(30)])
+            async with client.consume(QUEUE, credits=credits, visibility_timeout_ms=60_000) as stream:
+                await asyncio.to_thread(
+                    wait_for, lambda: _in_flight(server) >= credits, timeout=5, what="credited messages"
+                )
+                messages = stream.messages()
+                for _ in range(credits // 2 - 1):
+                    await anext(messages)
+                await asyncio.sleep(1.5)  # longer than one server poll: a grant would have been claimed
+                before_half = _in_flight(server)
+                await anext(messages)  # the half-th
+                await asyncio.to_thread(
+                    wait_for,
+                    lambda: _in_flight(server) >= credits + credits // 2,
+                    timeout=5,
+                    what="the half granted back",
+                )
+                await asyncio.sleep(1.5)
+                after_half = _in_flight(server)
+                await messages.aclose()
+                return before_half, after_half
+
+    assert asyncio.run(take_up_to_half()) == (credits, credits + credits // 2)
+
+
 def test_release_over_the_stream_redelivers_after_backoff(server_factory: ServerFactory) -> None:
     server = server_factory(SPEC)
 
