@@ -11,8 +11,14 @@ the disk holding --dir, with --samples commits each (p50 / p90 / p99 in µs):
                       its delivery record, its index entry, two meta counters and a log
                       entry, in five sub-databases), committed durably
   lmdb.send.nosync    the same transaction with sync and metasync off: its CPU alone
+  lmdb.send.idle-N-us the durable transaction again, the thread sleeping N µs after each
+                      commit (--idle-gaps-us): a server with one call in flight waits that
+                      long for the next call (the answer's and the next request's way through
+                      gRPC and the client), and on a virtual machine a commit after the disk
+                      and the CPU sat idle costs more than one right after another
 
-Usage: python bench/commit_cost.py [--dir /path/on/the/disk] [--samples 1000] [--out bench/results]
+Usage: python bench/commit_cost.py [--dir /path/on/the/disk] [--samples 1000]
+       [--idle-gaps-us 600,2000] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -46,12 +52,16 @@ def percentiles(samples: list[float]) -> dict[str, float]:
     return {"p50_us": at(0.5), "p90_us": at(0.9), "p99_us": at(0.99), "samples": len(ordered)}
 
 
-def timed(samples: int, action: Callable[[int], None]) -> list[float]:
+def timed(samples: int, action: Callable[[int], None], *, idle_s: float = 0.0) -> list[float]:
+    """How long each of `samples` actions took; with `idle_s`, the thread sleeps that long
+    after each one (outside the measurement)."""
     took = []
     for number in range(samples):
         started = time.perf_counter()
         action(number)
         took.append(time.perf_counter() - started)
+        if idle_s:
+            time.sleep(idle_s)
     return took
 
 
@@ -81,7 +91,7 @@ def file_syncs(directory: pathlib.Path, samples: int) -> dict[str, dict[str, flo
         path.unlink()
 
 
-def lmdb_send_commits(directory: pathlib.Path, samples: int, *, durable: bool) -> list[float]:
+def lmdb_send_commits(directory: pathlib.Path, samples: int, *, durable: bool, idle_s: float = 0.0) -> list[float]:
     path = pathlib.Path(tempfile.mkdtemp(dir=directory, prefix="lmdb-probe-"))
     env = lmdb.open(str(path), map_size=1 << 30, max_dbs=8, sync=durable, metasync=durable)
     try:
@@ -101,7 +111,7 @@ def lmdb_send_commits(directory: pathlib.Path, samples: int, *, durable: bool) -
 
         warm = max(samples // 5, 50)
         timed(warm, send)  # grow the trees first: the measured commits touch settled pages
-        return timed(samples, lambda number: send(number + warm))
+        return timed(samples, lambda number: send(number + warm), idle_s=idle_s)
     finally:
         env.close()
         shutil.rmtree(path, ignore_errors=True)
@@ -111,14 +121,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=pathlib.Path, default=pathlib.Path(tempfile.gettempdir()))
     parser.add_argument("--samples", type=int, default=1_000)
+    parser.add_argument(
+        "--idle-gaps-us",
+        default="600,2000",
+        help="comma-separated idle gaps between durable commits, in µs (empty for none)",
+    )
     parser.add_argument("--out", type=pathlib.Path, default=None, help="directory to write commit-cost.json")
     args = parser.parse_args(argv)
+    gaps_us = [int(gap) for gap in args.idle_gaps_us.split(",") if gap.strip()]
     args.dir.mkdir(parents=True, exist_ok=True)
     print(f"[commit-cost] file syncs on {args.dir} ...", file=sys.stderr, flush=True)
     results: dict[str, Any] = file_syncs(args.dir, args.samples)
     print("[commit-cost] LMDB send-shaped commits ...", file=sys.stderr, flush=True)
     results["lmdb.send"] = percentiles(lmdb_send_commits(args.dir, args.samples, durable=True))
     results["lmdb.send.nosync"] = percentiles(lmdb_send_commits(args.dir, args.samples, durable=False))
+    for gap_us in gaps_us:
+        print(f"[commit-cost] durable commits {gap_us} µs apart ...", file=sys.stderr, flush=True)
+        commits = lmdb_send_commits(args.dir, args.samples, durable=True, idle_s=gap_us / 1e6)
+        results[f"lmdb.send.idle-{gap_us}-us"] = percentiles(commits)
     report = {
         "benchmark": "commit-cost",
         "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
