@@ -544,10 +544,11 @@ class AsyncClient:
         The server claims for the credits it holds and pushes what one claim took
         in frames of up to `max_batch` messages (and 32 MiB). Credits return in
         halves, so a claim usually takes half the credits: gRPC charges per frame
-        and the server per claim, and the stream drain measured 20k msgs/s with 100
+        and the server per claim. The stream drain measured 20k msgs/s with 100
         credits and ~30k with 400 and frames capped at 100 when credits returned in
-        quarters (README, Performance), 8% more in halves. Lower the credits for slow handlers, whose prefetched
-        messages would otherwise wait out their visibility timeout.
+        quarters (README, Performance), and a few per cent more in halves. Lower
+        the credits for slow handlers, whose prefetched messages would otherwise
+        wait out their visibility timeout.
         """
         return ConsumerStream(
             self._stub, queue, credits=credits, visibility_timeout_ms=visibility_timeout_ms, max_batch=max_batch
@@ -724,7 +725,7 @@ class ConsumerStream:
         # flow-control window. Each grant costs a frame at both ends and a claim, a
         # commit, on the server: given back in quarters, 10 credits meant a grant and a
         # claim of two every other message for a consumer taking one message at a time,
-        # and in halves four stream workers took 17% more messages a second (README,
+        # and in halves four stream workers took 16% more messages a second (README,
         # Latency). Half still leaves the server the other half to push meanwhile.
         half = max(1, self._credits // 2)
         while True:
