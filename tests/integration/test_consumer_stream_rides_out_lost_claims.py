@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import pathlib
-import sys
 
 import pytest
 
@@ -26,14 +25,6 @@ QUEUE = "claims"
 MESSAGES = 20
 CREDITS = 4
 VISIBILITY_MS = 1_500
-
-
-@dataclasses.dataclass
-class ServerLosingClaims(ServerProcess):
-    def command(self) -> list[str]:
-        python, module_flag, module, *arguments = super().command()
-        assert (python, module_flag, module) == (sys.executable, "-m", "shardq")
-        return [python, str(LAUNCHER), *arguments]
 
 
 async def consume_everything(endpoint: str) -> list[tuple[str, int]]:
@@ -57,7 +48,7 @@ def test_consumer_stream_rides_out_lost_claims(tmp_path: pathlib.Path, monkeypat
     lost_bodies = tmp_path / "lost-bodies"
     monkeypatch.setenv(LOSE_CLAIMS, "2:lost,3:not-leader,5:lost")
     monkeypatch.setenv(LOST_BODIES, str(lost_bodies))
-    server = ServerLosingClaims.in_directory(tmp_path, [f"{QUEUE}:shards=2"])
+    server = dataclasses.replace(ServerProcess.in_directory(tmp_path, [f"{QUEUE}:shards=2"]), launcher=(str(LAUNCHER),))
     server.start()
     try:
         deliveries = asyncio.run(asyncio.wait_for(consume_everything(server.endpoint), timeout=30))

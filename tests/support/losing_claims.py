@@ -22,7 +22,6 @@ from __future__ import annotations
 import itertools
 import os
 import pathlib
-import sys
 from typing import Any
 
 LOSE_CLAIMS = "SHARDQ_TEST_LOSE_CLAIMS"
@@ -66,9 +65,8 @@ def lose_chosen_claims() -> None:
 if __name__ == "__main__":
     from shardq.grpc_io import use_completion_queue_polling
 
-    use_completion_queue_polling()  # as the shardq command does, before gRPC loads
+    use_completion_queue_polling()  # before the wrapping imports gRPC, as the shardq command does
     lose_chosen_claims()
-    from shardq.cli import main
+    from shardq.__main__ import main
 
-    sys.argv = ["shardq", *sys.argv[1:]]
     main()

@@ -55,6 +55,9 @@ class ServerProcess:
     process: subprocess.Popen[bytes] | None = None
     # The loopback address the server listens on (any of 127.0.0.0/8).
     host: str = "127.0.0.1"
+    # What Python runs in place of `-m shardq`: a script taking the same arguments
+    # (tests/support/losing_claims.py, a server that loses chosen claims).
+    launcher: Sequence[str] = ("-m", "shardq")
 
     @classmethod
     def in_directory(cls, directory: pathlib.Path, queues: Sequence[str], *extra_args: str) -> ServerProcess:
@@ -79,8 +82,7 @@ class ServerProcess:
     def command(self) -> list[str]:
         command = [
             sys.executable,
-            "-m",
-            "shardq",
+            *self.launcher,
             "serve",
             "--data-dir",
             str(self.data_dir),
