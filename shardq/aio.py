@@ -663,10 +663,13 @@ class ConsumerStream:
         self._visibility_timeout_ms = visibility_timeout_ms
         self._max_batch = max_batch
         self._requests: asyncio.Queue[queue_pb2.ConsumeRequest | None] = asyncio.Queue()
-        # Whole frames, then their messages one by one (a queue operation per
-        # message cost more than building the message).
-        self._inbox: asyncio.Queue[list[ReceivedMessage] | ShardqError | None] = asyncio.Queue()
+        # Received and not yet taken, oldest first: the reader extends it a whole frame at
+        # a time (a queue operation per message cost more than building the message) and
+        # sets `_arrived`; `waiting()` reads it.
         self._ready: collections.deque[ReceivedMessage] = collections.deque()
+        self._arrived = asyncio.Event()
+        # Set once the stream has ended: None for a clean end, else why it broke.
+        self._ended: tuple[ShardqError | None] | None = None
         self._acks: dict[int, asyncio.Future[queue_pb2.AckResult]] = {}
         self._ack_ids = itertools.count(1)
         self._reader: asyncio.Task[None] | None = None
@@ -700,19 +703,24 @@ class ConsumerStream:
         try:
             async for response in self._call:
                 if response.HasField("messages"):
-                    self._inbox.put_nowait(received_from_proto(response.messages))
+                    self._ready.extend(received_from_proto(response.messages))
+                    self._arrived.set()
                 else:
                     future = self._acks.pop(response.ack.ack_id, None)
                     if future is not None and not future.done():
                         future.set_result(response.ack)
-            self._inbox.put_nowait(None)
+            self._end(None)
             self._fail_acks(OutcomeUnknown("the consumer stream ended with acknowledgements unanswered"))
         except grpc.RpcError as error:
             failure = error_from_rpc(error, queue=self.queue)
-            self._inbox.put_nowait(failure)
+            self._end(failure)
             self._fail_acks(
                 unknown_if_sent(error, failure, "the consumer stream broke with acknowledgements in flight")
             )
+
+    def _end(self, failure: ShardqError | None) -> None:
+        self._ended = (failure,)
+        self._arrived.set()
 
     def _fail_acks(self, failure: ShardqError) -> None:
         acks, self._acks = self._acks, {}
@@ -730,12 +738,13 @@ class ConsumerStream:
         half = max(1, self._credits // 2)
         while True:
             if not self._ready:
-                frame = await self._inbox.get()
-                if frame is None:
-                    return
-                if isinstance(frame, ShardqError):
-                    raise frame
-                self._ready.extend(frame)
+                if self._ended is not None:  # after every message received before the end
+                    (failure,) = self._ended
+                    if failure is None:
+                        return
+                    raise failure
+                self._arrived.clear()
+                await self._arrived.wait()
                 continue
             message = self._ready.popleft()
             self._returned_credits += 1
@@ -764,6 +773,12 @@ class ConsumerStream:
     async def _release_now(self, receipts: list[str]) -> list[EntryResult]:
         return entry_results_from_proto((await self._acknowledge(delete=(), release=receipts)).released)
 
+    def waiting(self) -> list[ReceivedMessage]:
+        """The messages received and not yet taken from `messages()`, oldest first. They
+        are claimed, so their visibility timeouts run while they wait (run_consumer
+        extends those that wait long)."""
+        return list(self._ready)
+
     async def delete(self, receipts: Sequence[str]) -> list[EntryResult]:
         """Delete over the stream; concurrent calls share acknowledgement frames."""
         return await self._deletes.add_many(receipts)
@@ -789,8 +804,4 @@ class ConsumerStream:
             self._call.cancel()
         untaken = list(self._ready)
         self._ready.clear()
-        while not self._inbox.empty():
-            frame = self._inbox.get_nowait()
-            if isinstance(frame, list):
-                untaken.extend(frame)
         return untaken
