@@ -144,6 +144,7 @@ class Client:
         concurrency: int = 8,
         visibility_timeout_ms: int = 30_000,
         max_messages: int | None = None,
+        prefetch: int | None = None,
     ) -> ConsumerStats:
         """Blocking consumer loop (see shardq.consumer.run_consumer); SIGTERM/SIGINT stop it cleanly."""
         stop = self._run(self._make_event())
@@ -162,6 +163,7 @@ class Client:
                     stop=stop,
                     handle_signals=False,
                     max_messages=max_messages,
+                    prefetch=prefetch,
                 )
             )
         finally:

@@ -1,6 +1,7 @@
 """The consumer helper: receive, run a handler, keep the message hidden while it
-runs (heartbeat), delete on success, release with backoff on failure, and stop
-cleanly on SIGTERM/SIGINT without losing or double-handling anything."""
+runs (heartbeat) and while it waits in the prefetch, delete on success, release with
+backoff on failure, and stop cleanly on SIGTERM/SIGINT without losing or
+double-handling anything. Its workers share one consumer stream."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import functools
 import inspect
 import logging
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable
 
-from shardq.aio import AsyncClient
+from shardq.aio import AsyncClient, ConsumerStream
 from shardq.errors import ShardqError
 from shardq.types import EntryResult, ReceivedMessage
 
@@ -21,6 +23,9 @@ log = logging.getLogger(__name__)
 # The server's limits on receipts in one call, and on a release's reason.
 MAX_RECEIPTS_PER_CALL = 1_000
 MAX_RELEASE_REASON_CHARS = 1_024
+# run_consumer's prefetch is at least this (as much as one receive takes), so that even
+# one worker's credits go back five at a time rather than each message on its own.
+DEFAULT_MIN_PREFETCH = 10
 
 Handler = Callable[[ReceivedMessage], Awaitable[None] | None]
 
@@ -33,19 +38,72 @@ class ConsumerStats:
 
 
 async def _heartbeat(client: AsyncClient, queue: str, receipt: str, visibility_ms: int, stats: ConsumerStats) -> None:
-    """Extend the claim every third of the visibility timeout while the handler runs."""
-    period = max(visibility_ms / 3000, 0.05)
+    """Extend the claim now, then every third of the visibility timeout, while the handler runs."""
+    period = _heartbeat_period_s(visibility_ms)
     while True:
-        await asyncio.sleep(period)
         try:
             (result,) = await client.change_visibility(queue, [(receipt, visibility_ms)])
         except ShardqError as error:
             log.warning("heartbeat failed for a message of %s: %s", queue, error)
-            continue
-        if not result.ok:
-            log.warning("heartbeat refused (%s): the message may be handled twice", result.reason)
-            return
-        stats.heartbeats += 1
+        else:
+            if not result.ok:
+                log.warning("heartbeat refused (%s): the message may be handled twice", result.reason)
+                return
+            stats.heartbeats += 1
+        await asyncio.sleep(period)
+
+
+async def _keep_waiting_claims(
+    client: AsyncClient, queue: str, stream: ConsumerStream, visibility_ms: int, stats: ConsumerStats
+) -> None:
+    """Extend the claims of prefetched messages still waiting for a free worker once a third
+    of their visibility has passed, as a handler's heartbeat does: behind slow handlers a
+    message could otherwise wait out its claim here and be delivered again elsewhere (or
+    to this consumer a second time) while still queued."""
+    period = _heartbeat_period_s(visibility_ms)
+    # Receipt -> this client's wall time when this keeper last extended its claim.
+    extended: dict[str, float] = {}
+    while True:
+        # Checked twice a period: a claim is extended at the latest half its timeout in.
+        await asyncio.sleep(period / 2)
+        now = time.time()
+        waiting = stream.waiting()
+        extended = {m.receipt: extended[m.receipt] for m in waiting if m.receipt in extended}
+        due = [
+            m.receipt
+            for m in waiting
+            if now - extended.get(m.receipt, (m.visible_until_ms - visibility_ms) / 1000) >= period
+        ]
+        for start in range(0, len(due), MAX_RECEIPTS_PER_CALL):
+            chunk = due[start : start + MAX_RECEIPTS_PER_CALL]
+            try:
+                results = await client.change_visibility(queue, [(receipt, visibility_ms) for receipt in chunk])
+            except ShardqError as error:
+                log.warning("could not extend the claims of %d prefetched messages: %s", len(chunk), error)
+                continue
+            for receipt, result in zip(chunk, results, strict=True):
+                if result.ok:
+                    extended[receipt] = now
+                    stats.heartbeats += 1
+                else:  # taken and deleted meanwhile, most likely
+                    log.debug("a prefetched message's claim was not extended: %s", result.reason)
+
+
+def _heartbeat_period_s(visibility_ms: int) -> float:
+    return max(visibility_ms / 3000, 0.05)
+
+
+def _first_beat_delay_s(message: ReceivedMessage, visibility_ms: int) -> float:
+    """Seconds until a third of the claim's visibility has passed, counted from the claim
+    (the server's visible_until less the timeout), not from when the handler started: a
+    message that waited in the prefetch behind busy handlers gets its first beat sooner,
+    at once if it waited that long. Clocks apart by less than two thirds of the timeout
+    still beat in time; the delay is never longer than a period."""
+    period = _heartbeat_period_s(visibility_ms)
+    if message.visible_until_ms <= 0:
+        return period
+    due_ms = message.visible_until_ms - visibility_ms + period * 1000
+    return min(period, max(0.0, (due_ms - time.time() * 1000) / 1000))
 
 
 async def _acknowledge(
@@ -62,10 +120,6 @@ async def _acknowledge(
     return result.ok
 
 
-async def _next(messages: AsyncIterator[ReceivedMessage]) -> ReceivedMessage:
-    return await anext(messages)
-
-
 async def run_consumer(
     client: AsyncClient,
     queue: str,
@@ -77,12 +131,27 @@ async def run_consumer(
     handle_signals: bool = True,
     max_messages: int | None = None,
     stats: ConsumerStats | None = None,
+    prefetch: int | None = None,
 ) -> ConsumerStats:
     """Consume until `stop` is set, a signal arrives, or `max_messages` were handled.
 
-    A synchronous handler runs in a worker thread; an async one on the loop.
+    `concurrency` workers share one consumer stream, each handling one message at a
+    time. A synchronous handler runs in a worker thread; an async one on the loop.
     Pass `stats` to watch the counts while it runs.
+
+    `prefetch` is the stream's credits: how many claimed messages may wait here for a
+    free worker (default: twice the concurrency, at least 10). Each claim, push and
+    credit grant costs the server a commit or a frame, so fast handlers go faster with
+    more; claims still waiting a third of the visibility timeout in are extended like
+    a running handler's, so none expires while queued here. Lower it when several
+    consumers share a queue of slow messages, so that one does not hoard them.
     """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+    if prefetch is None:
+        prefetch = max(2 * concurrency, DEFAULT_MIN_PREFETCH)
+    if prefetch < 1:
+        raise ValueError(f"prefetch must be at least 1, got {prefetch}")
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     if handle_signals:
@@ -90,14 +159,45 @@ async def run_consumer(
             with contextlib.suppress(RuntimeError, ValueError):  # not the main thread
                 loop.add_signal_handler(signum, stop.set)
     stats = stats if stats is not None else ConsumerStats()
-    slots = asyncio.Semaphore(concurrency)
-    running: set[asyncio.Task[None]] = set()
+    # Prefetched, never handled: given back at the end, not left to their visibility timeout.
     unstarted: list[ReceivedMessage] = []
+    # Set by `stop`, or when run_consumer itself is cancelled: nothing new starts after it.
+    ending = asyncio.Event()
+    taking = asyncio.Lock()
+    started = 0
+    # Workers waiting for a message: the end cancels them (the stream may stay quiet).
+    waiting: set[asyncio.Task[None]] = set()
 
-    async with client.consume(queue, credits=concurrency, visibility_timeout_ms=visibility_timeout_ms) as stream:
+    def end() -> None:
+        ending.set()
+        for worker in waiting:
+            worker.cancel()
+
+    async with client.consume(queue, credits=prefetch, visibility_timeout_ms=visibility_timeout_ms) as stream:
+        messages = stream.messages()
+
+        async def next_message() -> ReceivedMessage | None:
+            nonlocal started
+            # One async generator for every worker: they take turns asking it.
+            async with taking:
+                if ending.is_set() or (max_messages is not None and started >= max_messages):
+                    return None
+                message = await anext(messages, None)
+                if message is not None and ending.is_set():
+                    unstarted.append(message)  # it arrived with the end: nothing new starts after it
+                    return None
+                started += 1
+                return message
 
         async def handle(message: ReceivedMessage) -> None:
-            beat = asyncio.create_task(_heartbeat(client, queue, message.receipt, visibility_timeout_ms, stats))
+            # A timer, not a task per message: most handlers finish long before the first beat.
+            beat: asyncio.Task[None] | None = None
+
+            def start_beating() -> None:
+                nonlocal beat
+                beat = loop.create_task(_heartbeat(client, queue, message.receipt, visibility_timeout_ms, stats))
+
+            timer = loop.call_later(_first_beat_delay_s(message, visibility_timeout_ms), start_beating)
             try:
                 if inspect.iscoroutinefunction(handler):
                     await handler(message)
@@ -111,58 +211,65 @@ async def run_consumer(
                     exc_info=log.isEnabledFor(logging.DEBUG),
                 )
                 stats.failed += 1
-                beat.cancel()
+                _stop_beating(timer, beat)
                 # The error goes with the message: its dead-letter copy will say it.
                 reason = f"{type(error).__name__}: {error}"[:MAX_RELEASE_REASON_CHARS]
                 await _acknowledge(functools.partial(stream.release, reason=reason), message, "release")
             else:
-                beat.cancel()
+                _stop_beating(timer, beat)
                 if await _acknowledge(stream.delete, message, "delete"):
                     stats.handled += 1
             finally:
-                beat.cancel()
-                slots.release()
+                _stop_beating(timer, beat)
 
-        messages = stream.messages()
-        stopping = asyncio.create_task(stop.wait())
-        try:
-            while not stop.is_set():
-                if max_messages is not None and stats.handled + stats.failed + len(running) >= max_messages:
-                    if not running:
-                        break
-                    await asyncio.wait(set(running), return_when=asyncio.FIRST_COMPLETED)
-                    continue
-                await slots.acquire()
-                next_message: asyncio.Task[ReceivedMessage] = asyncio.create_task(_next(messages))
-                done, _ = await asyncio.wait({next_message, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                if next_message not in done:
-                    next_message.cancel()
-                    await asyncio.wait({next_message})
-                    if not next_message.cancelled() and next_message.exception() is None:
-                        unstarted.append(next_message.result())  # it arrived as we stopped
-                    slots.release()
-                    break
+        async def work() -> None:
+            # Each worker takes its next message as soon as its last one is acknowledged, in
+            # the same loop turn as the answer: the workers that answer woke then share one
+            # acknowledgement frame (and one commit) for their next messages. A dispatcher
+            # starting a task per message took several loop turns to do so, and split four
+            # workers' deletes into frames of one and three (README, Latency).
+            worker = asyncio.current_task()
+            assert worker is not None
+            while True:
+                waiting.add(worker)
                 try:
-                    message = next_message.result()
-                except StopAsyncIteration:
-                    slots.release()
-                    break
-                if stop.is_set():
-                    # The stop arrived with this message: nothing new starts after a stop.
-                    unstarted.append(message)
-                    slots.release()
-                    break
-                task = asyncio.create_task(handle(message))
-                running.add(task)
-                task.add_done_callback(running.discard)
+                    message = await next_message()
+                except asyncio.CancelledError:
+                    if ending.is_set():
+                        return  # the end came while this worker waited for a message
+                    raise
+                finally:
+                    waiting.discard(worker)
+                if message is None:
+                    return
+                await handle(message)
+
+        keeping = loop.create_task(_keep_waiting_claims(client, queue, stream, visibility_timeout_ms, stats))
+        watching = loop.create_task(stop.wait())
+        watching.add_done_callback(lambda watched: None if watched.cancelled() else end())
+        workers = [loop.create_task(work()) for _ in range(concurrency)]
+        try:
+            await asyncio.wait(workers)
         finally:
-            stopping.cancel()
-            if running:
-                await asyncio.wait(set(running))
+            watching.cancel()
+            keeping.cancel()
+            if not all(worker.done() for worker in workers):
+                end()  # run_consumer itself was cancelled: the handlers running finish first
+                await asyncio.wait(workers)
             # Prefetched but never handled: give them back now, not at their visibility timeout.
             unstarted.extend(await stream.close())
             await _give_back(client, queue, unstarted)
+    for worker in workers:
+        failure = None if worker.cancelled() else worker.exception()
+        if failure is not None:
+            raise failure  # the stream broke (the workers still running finished first)
     return stats
+
+
+def _stop_beating(timer: asyncio.TimerHandle, beat: asyncio.Task[None] | None) -> None:
+    timer.cancel()
+    if beat is not None:
+        beat.cancel()
 
 
 async def _give_back(client: AsyncClient, queue: str, messages: list[ReceivedMessage]) -> None:
