@@ -23,8 +23,10 @@ log = logging.getLogger(__name__)
 # The server's limits on receipts in one call, and on a release's reason.
 MAX_RECEIPTS_PER_CALL = 1_000
 MAX_RELEASE_REASON_CHARS = 1_024
-# run_consumer's prefetch is at least this (as much as one receive takes), so that even
-# one worker's credits go back five at a time rather than each message on its own.
+# run_consumer's default prefetch: this many messages per worker, and at least
+# DEFAULT_MIN_PREFETCH (as much as one receive takes), so that even one worker's credits
+# go back five at a time rather than each message on its own.
+PREFETCH_PER_WORKER = 4
 DEFAULT_MIN_PREFETCH = 10
 
 Handler = Callable[[ReceivedMessage], Awaitable[None] | None]
@@ -140,16 +142,18 @@ async def run_consumer(
     Pass `stats` to watch the counts while it runs.
 
     `prefetch` is the stream's credits: how many claimed messages may wait here for a
-    free worker (default: twice the concurrency, at least 10). Each claim, push and
-    credit grant costs the server a commit or a frame, so fast handlers go faster with
-    more; claims still waiting a third of the visibility timeout in are extended like
-    a running handler's, so none expires while queued here. Lower it when several
-    consumers share a queue of slow messages, so that one does not hoard them.
+    free worker (default: four per worker, as Celery's prefetch multiplier, and at
+    least 10). Each claim, push and credit grant costs the server a commit or a frame,
+    so fast handlers go faster with more (four workers: 2,800 msg/s with 10, 2,900 with
+    16, 3,300 with 40; README, Latency). Claims still waiting a third of the
+    visibility timeout in are extended like a running handler's, so none expires
+    while queued here. Lower it when several consumers share a queue of slow
+    messages, so that one does not hoard what the others could be handling.
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
     if prefetch is None:
-        prefetch = max(2 * concurrency, DEFAULT_MIN_PREFETCH)
+        prefetch = max(PREFETCH_PER_WORKER * concurrency, DEFAULT_MIN_PREFETCH)
     if prefetch < 1:
         raise ValueError(f"prefetch must be at least 1, got {prefetch}")
     stop = stop or asyncio.Event()
