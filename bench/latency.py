@@ -20,6 +20,13 @@ is recorded. Phases, in order, for each C:
   worker.stream    C consumers, each on its own consumer stream with 10 credits: take a
                    message, delete it over the stream awaiting the answer; a call is one
                    message, from asking for it to its delete being answered
+  worker.shared    C consumers sharing one consumer stream with 10 credits each (10 x C),
+                   as run_consumer's handlers do: each takes the stream's next message and
+                   deletes it over the stream awaiting the answer; concurrent deletes share
+                   frames; a call is one message, as in worker.stream
+  worker.consumer  run_consumer with concurrency C (its default prefetch) and a handler that
+                   returns at once: its C workers take, handle and delete; a call is one
+                   message, its latency a worker's cycle, from one handler start to its next
 
 With C=4 the send and worker phases are the issue's "4 producers / 4 consumers, one call
 in flight each". Each phase runs --ops calls in all (at least 4 per caller) or
@@ -48,7 +55,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import dataplane  # bench/dataplane.py: this script's directory is sys.path[0]
@@ -56,7 +63,8 @@ import reports
 
 from shardq import event_loops
 from shardq.aio import AsyncClient, ConsumerStream
-from shardq.types import Message
+from shardq.consumer import run_consumer
+from shardq.types import Message, ReceivedMessage
 
 MAX_SECONDS = 20.0
 # The worker.stream consumers' prefetch: as much as one unary receive takes.
@@ -72,6 +80,8 @@ PHASES = (
     "delete.stream",
     "worker",
     "worker.stream",
+    "worker.shared",
+    "worker.consumer",
 )
 
 
@@ -100,10 +110,17 @@ async def callers(
 
 
 def summarize(
-    name: str, concurrency: int, meter: dataplane.Meter, latencies: list[float], operations: int
+    name: str,
+    concurrency: int,
+    meter: dataplane.Meter,
+    latencies: list[float],
+    operations: int,
+    *,
+    calls: int | None = None,
 ) -> dict[str, Any]:
+    """`calls` defaults to one per latency (worker.consumer counts its messages instead)."""
     result = {"phase": name, "concurrency": concurrency, **dataplane.latency_summary(latencies)}
-    report = meter.report(len(latencies))
+    report = meter.report(len(latencies) if calls is None else calls)
     result["calls_per_s"] = report["msgs_per_s"]
     result["operations"] = operations
     result["server_cpu_us_per_call"] = report["server_cpu_us_per_msg"]
@@ -232,6 +249,18 @@ async def measure_at(
         await fill(client, queue, payload, messages)
         results.append(await stream_workers(client, queue, concurrency, messages, pid))
         await drain(client, queue)
+
+    if "worker.shared" in phases:
+        messages = max(total, 10 * concurrency)
+        await fill(client, queue, payload, messages)
+        results.append(await stream_workers(client, queue, concurrency, messages, pid, shared=True))
+        await drain(client, queue)
+
+    if "worker.consumer" in phases:
+        messages = max(total, 10 * concurrency)
+        await fill(client, queue, payload, messages)
+        results.append(await consumer_workers(client, queue, concurrency, messages, pid))
+        await drain(client, queue)
     return results
 
 
@@ -289,17 +318,25 @@ async def measure_receipt_phases(
     return results
 
 
-async def stream_workers(client: AsyncClient, queue: str, concurrency: int, messages: int, pid: int) -> dict[str, Any]:
+async def stream_workers(
+    client: AsyncClient, queue: str, concurrency: int, messages: int, pid: int, *, shared: bool = False
+) -> dict[str, Any]:
     """worker.stream: `concurrency` consumers on their own consumer streams, each taking a
-    message and deleting it over its stream, until `messages` are deleted (or time)."""
+    message and deleting it over its stream, until `messages` are deleted (or time).
+    worker.shared (`shared`): the consumers share one stream, as run_consumer's handlers do."""
     latencies: list[float] = []
     remaining = [messages]
     done = [0]
     finished = asyncio.Event()
 
-    async def consume(stream: ConsumerStream) -> None:
-        asked = time.perf_counter()
-        async for message in stream.messages():
+    async def consume(stream: ConsumerStream, taking: AsyncIterator[ReceivedMessage], turn: asyncio.Lock) -> None:
+        while True:
+            asked = time.perf_counter()
+            # One async generator per stream: consumers sharing it take turns asking.
+            async with turn:
+                message = await anext(taking, None)
+            if message is None:
+                return
             answer = await stream.delete([message.receipt])
             latencies.append(time.perf_counter() - asked)
             done[0] += sum(1 for entry in answer if entry.ok)
@@ -307,18 +344,17 @@ async def stream_workers(client: AsyncClient, queue: str, concurrency: int, mess
             if remaining[0] <= 0:
                 finished.set()
                 return
-            asked = time.perf_counter()
 
+    credits = WORKER_STREAM_CREDITS * (concurrency if shared else 1)
     async with contextlib.AsyncExitStack() as streams:
         opened = [
-            await streams.enter_async_context(
-                client.consume(queue, credits=WORKER_STREAM_CREDITS, max_batch=WORKER_STREAM_CREDITS)
-            )
-            for _ in range(concurrency)
+            await streams.enter_async_context(client.consume(queue, credits=credits, max_batch=credits))
+            for _ in range(1 if shared else concurrency)
         ]
+        takers = [(stream, stream.messages(), asyncio.Lock()) for stream in opened]
         meter = dataplane.Meter(pid)
         meter.start()
-        consumers = [asyncio.create_task(consume(stream)) for stream in opened]
+        consumers = [asyncio.create_task(consume(*takers[number % len(takers)])) for number in range(concurrency)]
         # Consumers whose streams hold nothing more wait in messages(): they are
         # cancelled once every message is deleted (or the time is up).
         with contextlib.suppress(TimeoutError):
@@ -333,7 +369,38 @@ async def stream_workers(client: AsyncClient, queue: str, concurrency: int, mess
         untaken = [message for stream in opened for message in await stream.close()]
     if untaken:  # prefetched, never taken: visible again for the drain that follows
         await client.change_visibility(queue, [(message.receipt, 0) for message in untaken])
-    return summarize("worker.stream", concurrency, meter, latencies, done[0])
+    return summarize("worker.shared" if shared else "worker.stream", concurrency, meter, latencies, done[0])
+
+
+async def consumer_workers(
+    client: AsyncClient, queue: str, concurrency: int, messages: int, pid: int
+) -> dict[str, Any]:
+    """worker.consumer: run_consumer's `concurrency` workers handle `messages` messages (or
+    stop at the time limit); a call is one message. Latencies are a worker's cycles, from
+    one handler start to its next: an async handler runs in its worker's task (a
+    run_consumer that starts a task per message, as before its workers shared the stream,
+    gives none, only rates and CPU)."""
+    latencies: list[float] = []
+    last_start: dict[asyncio.Task[Any] | None, float] = {}
+
+    async def handler(message: ReceivedMessage) -> None:
+        # An async handler runs in its worker's task, so the task names the worker.
+        now = time.perf_counter()
+        worker = asyncio.current_task()
+        if worker in last_start:
+            latencies.append(now - last_start[worker])
+        last_start[worker] = now
+
+    stop = asyncio.Event()
+    timer = asyncio.get_running_loop().call_later(MAX_SECONDS, stop.set)
+    meter = dataplane.Meter(pid)
+    meter.start()
+    stats = await run_consumer(
+        client, queue, handler, concurrency=concurrency, stop=stop, handle_signals=False, max_messages=messages
+    )
+    meter.stop()
+    timer.cancel()
+    return summarize("worker.consumer", concurrency, meter, latencies, stats.handled, calls=stats.handled)
 
 
 def median_runs(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -75,7 +75,8 @@ def combine(reports: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, An
             for figure in (*FIGURES, "messages_per_s")  # the last only in the worker phases
             if all(figure in r for r in results)
         }
-        cell["p50_ms_each_run"] = [r["p50_ms"] for r in results]
+        # No p50 where a phase recorded no latencies (worker.consumer on the old run_consumer).
+        cell["p50_ms_each_run"] = [r.get("p50_ms") for r in results]
         combined[key] = cell
     return combined
 
@@ -89,7 +90,14 @@ def plot(path: pathlib.Path, rows: list[dict[str, Any]], a_name: str, b_name: st
     concurrencies = sorted({row["concurrency"] for row in rows})
     figure, axes = plt.subplots(len(concurrencies), 1, figsize=(11, 3.6 * len(concurrencies)), squeeze=False)
     for axis, concurrency in zip(axes[:, 0], concurrencies, strict=True):
-        chosen = [row for row in rows if row["concurrency"] == concurrency and row["phase"] != "worker"]
+        chosen = [
+            row
+            for row in rows
+            if row["concurrency"] == concurrency
+            and row["phase"] != "worker"
+            and "p50_ms" in row[a_name]
+            and "p50_ms" in row[b_name]
+        ]
         positions = range(len(chosen))
         axis.bar([p - 0.2 for p in positions], [r[a_name]["p50_ms"] for r in chosen], 0.4, label=a_name)
         axis.bar([p + 0.2 for p in positions], [r[b_name]["p50_ms"] for r in chosen], 0.4, label=b_name)
@@ -126,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         before, after = row[args.a_name], row[args.b_name]
         print(
-            f"[latency-ab] C={row['concurrency']:<3} {row['phase']:17} p50 {before['p50_ms']:7.2f} -> "
-            f"{after['p50_ms']:7.2f} ms   server {before['server_cpu_us_per_call']:6.0f} -> "
+            f"[latency-ab] C={row['concurrency']:<3} {row['phase']:17} p50 {before.get('p50_ms', 0):7.2f} -> "
+            f"{after.get('p50_ms', 0):7.2f} ms   server {before['server_cpu_us_per_call']:6.0f} -> "
             f"{after['server_cpu_us_per_call']:6.0f} us/call",
             file=sys.stderr,
         )
