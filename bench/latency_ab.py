@@ -82,29 +82,32 @@ def combine(reports: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, An
 
 
 def plot(path: pathlib.Path, rows: list[dict[str, Any]], a_name: str, b_name: str) -> None:
+    """Per concurrency, p50s (cells with latencies on both sides) beside the rates
+    (messages per second for the worker loops, calls per second otherwise)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def rate(cell: dict[str, Any]) -> float:
+        return float(cell.get("messages_per_s", cell["calls_per_s"]))
+
     concurrencies = sorted({row["concurrency"] for row in rows})
-    figure, axes = plt.subplots(len(concurrencies), 1, figsize=(11, 3.6 * len(concurrencies)), squeeze=False)
-    for axis, concurrency in zip(axes[:, 0], concurrencies, strict=True):
-        chosen = [
-            row
-            for row in rows
-            if row["concurrency"] == concurrency
-            and row["phase"] != "worker"
-            and "p50_ms" in row[a_name]
-            and "p50_ms" in row[b_name]
-        ]
-        positions = range(len(chosen))
-        axis.bar([p - 0.2 for p in positions], [r[a_name]["p50_ms"] for r in chosen], 0.4, label=a_name)
-        axis.bar([p + 0.2 for p in positions], [r[b_name]["p50_ms"] for r in chosen], 0.4, label=b_name)
-        axis.set_xticks(list(positions), [r["phase"] for r in chosen], rotation=20, fontsize=8)
-        axis.set_ylabel("p50 ms (median of runs)")
-        axis.set_title(f"{concurrency} call(s) in flight")
-        axis.legend()
+    figure, axes = plt.subplots(len(concurrencies), 2, figsize=(15, 3.6 * len(concurrencies)), squeeze=False)
+    for (latency_axis, rate_axis), concurrency in zip(axes, concurrencies, strict=True):
+        at_c = [row for row in rows if row["concurrency"] == concurrency and row["phase"] != "worker"]
+        timed = [row for row in at_c if "p50_ms" in row[a_name] and "p50_ms" in row[b_name]]
+        for axis, chosen, figure_of, label in (
+            (latency_axis, timed, lambda cell: cell["p50_ms"], "p50 ms (median of runs)"),
+            (rate_axis, at_c, rate, "calls or messages per s (median)"),
+        ):
+            positions = range(len(chosen))
+            axis.bar([p - 0.2 for p in positions], [figure_of(r[a_name]) for r in chosen], 0.4, label=a_name)
+            axis.bar([p + 0.2 for p in positions], [figure_of(r[b_name]) for r in chosen], 0.4, label=b_name)
+            axis.set_xticks(list(positions), [r["phase"] for r in chosen], rotation=20, fontsize=8)
+            axis.set_ylabel(label)
+            axis.set_title(f"{concurrency} call(s) in flight")
+            axis.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
