@@ -244,23 +244,18 @@ async def measure_at(
         results.append(await run_phase("worker", concurrency, worker_calls, pid, work))
         await drain(client, queue)
 
-    if "worker.stream" in phases:
-        messages = max(total, 10 * concurrency)
-        await fill(client, queue, payload, messages)
-        results.append(await stream_workers(client, queue, concurrency, messages, pid))
-        await drain(client, queue)
-
-    if "worker.shared" in phases:
-        messages = max(total, 10 * concurrency)
-        await fill(client, queue, payload, messages)
-        results.append(await stream_workers(client, queue, concurrency, messages, pid, shared=True))
-        await drain(client, queue)
-
-    if "worker.consumer" in phases:
-        messages = max(total, 10 * concurrency)
-        await fill(client, queue, payload, messages)
-        results.append(await consumer_workers(client, queue, concurrency, messages, pid))
-        await drain(client, queue)
+    # The consumer loops, each over a queue filled for it (untimed) and drained after.
+    consumer_loops: dict[str, Callable[[int], Awaitable[dict[str, Any]]]] = {
+        "worker.stream": lambda messages: stream_workers(client, queue, concurrency, messages, pid),
+        "worker.shared": lambda messages: stream_workers(client, queue, concurrency, messages, pid, shared=True),
+        "worker.consumer": lambda messages: consumer_workers(client, queue, concurrency, messages, pid),
+    }
+    for name, consume in consumer_loops.items():
+        if name in phases:
+            messages = max(total, 10 * concurrency)
+            await fill(client, queue, payload, messages)
+            results.append(await consume(messages))
+            await drain(client, queue)
     return results
 
 
