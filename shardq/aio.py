@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import functools
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -228,6 +229,8 @@ class AsyncClient:
         self._stub = queue_pb2_grpc.QueueServiceStub(self._channel)
         self._producer: ProducerStream | None = None
         self._batchers: dict[str, Coalescer[Message, SendResult]] = {}
+        # Per (queue, leader address): concurrent unary deletes share one request.
+        self._deleters: dict[tuple[str, str], Coalescer[str, EntryResult]] = {}
         self._route_directly = route_directly
         self._routes: dict[str, _QueueRoutes] = {}
         self._leader_channels: dict[str, grpc.aio.Channel] = {}
@@ -485,13 +488,34 @@ class AsyncClient:
         return received_from_proto(response)
 
     async def delete_messages(self, queue: str, receipts: Sequence[str]) -> list[EntryResult]:
+        """Delete by receipt; per-receipt results. Concurrent calls to one leader share a
+        request, as the AWS SDK's buffered SQS client batches deletes: a lone call goes
+        out at once, and calls made while one is in flight go out together once it is
+        answered. Four workers each deleting one message at a time had four requests,
+        and four batches on the server, where they now have one (README, Latency)."""
+
         async def call(address: str, chunk: list[str]) -> list[EntryResult]:
-            request = queue_pb2.DeleteMessagesRequest(queue=queue, receipts=chunk)
-            return entry_results_from_proto(
-                (await self._routed(queue, address, "DeleteMessages", request, idempotent=False)).results
-            )
+            if not chunk or len(chunk) > MAX_ACK_BATCH:  # the server validates and refuses it
+                return await self._delete_now(queue, address, chunk)
+            return await self._deleter(queue, address).add_many(chunk)
 
         return await self._by_receipt(queue, receipts, list(receipts), call)
+
+    async def _delete_now(self, queue: str, address: str, receipts: list[str]) -> list[EntryResult]:
+        request = queue_pb2.DeleteMessagesRequest(queue=queue, receipts=receipts)
+        return entry_results_from_proto(
+            (await self._routed(queue, address, "DeleteMessages", request, idempotent=False)).results
+        )
+
+    def _deleter(self, queue: str, address: str) -> Coalescer[str, EntryResult]:
+        deleter = self._deleters.get((queue, address))
+        if deleter is None:
+            deleter = self._deleters[queue, address] = Coalescer(
+                functools.partial(self._delete_now, queue, address),
+                max_batch=MAX_ACK_BATCH,
+                max_in_flight=MAX_ACKS_IN_FLIGHT,
+            )
+        return deleter
 
     async def change_visibility(self, queue: str, changes: Sequence[tuple[str, int]]) -> list[EntryResult]:
         async def call(address: str, chunk: list[tuple[str, int]]) -> list[EntryResult]:
