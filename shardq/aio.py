@@ -491,8 +491,9 @@ class AsyncClient:
         """Delete by receipt; per-receipt results. Concurrent calls to one leader share a
         request, as the AWS SDK's buffered SQS client batches deletes: a lone call goes
         out at once, and calls made while one is in flight go out together once it is
-        answered. Four workers each deleting one message at a time had four requests,
-        and four batches on the server, where they now have one (README, Latency)."""
+        answered. Four workers each deleting one message at a time sent four requests,
+        each a batch of its own on the server; now those made while one is in flight
+        share the next (README, Latency)."""
 
         async def call(address: str, chunk: list[str]) -> list[EntryResult]:
             if not chunk or len(chunk) > MAX_ACK_BATCH:  # the server validates and refuses it
