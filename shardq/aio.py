@@ -693,8 +693,9 @@ class ConsumerStream:
         # sets `_arrived`; `waiting()` reads it.
         self._ready: collections.deque[ReceivedMessage] = collections.deque()
         self._arrived = asyncio.Event()
-        # Set once the stream has ended: None for a clean end, else why it broke.
-        self._ended: tuple[ShardqError | None] | None = None
+        # Once the stream has ended, and why it broke (None for a clean end).
+        self._ended = False
+        self._failure: ShardqError | None = None
         self._acks: dict[int, asyncio.Future[queue_pb2.AckResult]] = {}
         self._ack_ids = itertools.count(1)
         self._reader: asyncio.Task[None] | None = None
@@ -744,7 +745,7 @@ class ConsumerStream:
             )
 
     def _end(self, failure: ShardqError | None) -> None:
-        self._ended = (failure,)
+        self._ended, self._failure = True, failure
         self._arrived.set()
 
     def _fail_acks(self, failure: ShardqError) -> None:
@@ -763,11 +764,10 @@ class ConsumerStream:
         half = max(1, self._credits // 2)
         while True:
             if not self._ready:
-                if self._ended is not None:  # after every message received before the end
-                    (failure,) = self._ended
-                    if failure is None:
+                if self._ended:  # after every message received before the end
+                    if self._failure is None:
                         return
-                    raise failure
+                    raise self._failure
                 self._arrived.clear()
                 await self._arrived.wait()
                 continue

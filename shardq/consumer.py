@@ -71,28 +71,40 @@ async def _keep_waiting_claims(
         now = time.time()
         waiting = stream.waiting()
         extended = {m.receipt: extended[m.receipt] for m in waiting if m.receipt in extended}
-        due = [
-            m.receipt
-            for m in waiting
-            if now - extended.get(m.receipt, (m.visible_until_ms - visibility_ms) / 1000) >= period
-        ]
-        for start in range(0, len(due), MAX_RECEIPTS_PER_CALL):
-            chunk = due[start : start + MAX_RECEIPTS_PER_CALL]
-            try:
-                results = await client.change_visibility(queue, [(receipt, visibility_ms) for receipt in chunk])
-            except ShardqError as error:
-                log.warning("could not extend the claims of %d prefetched messages: %s", len(chunk), error)
-                continue
-            for receipt, result in zip(chunk, results, strict=True):
-                if result.ok:
-                    extended[receipt] = now
-                    stats.heartbeats += 1
-                else:  # taken and deleted meanwhile, most likely
-                    log.debug("a prefetched message's claim was not extended: %s", result.reason)
+        due = [m.receipt for m in waiting if now - extended.get(m.receipt, _claimed_at_s(m, visibility_ms)) >= period]
+        for receipt, result in await _change_visibility(client, queue, due, visibility_ms, "extend the claims of"):
+            if result.ok:
+                extended[receipt] = now
+                stats.heartbeats += 1
+            else:  # taken and deleted meanwhile, most likely
+                log.debug("a prefetched message's claim was not extended: %s", result.reason)
+
+
+async def _change_visibility(
+    client: AsyncClient, queue: str, receipts: list[str], visibility_ms: int, what: str
+) -> list[tuple[str, EntryResult]]:
+    """Set the visibility of prefetched messages, in calls of at most the server's limit;
+    the results of the calls that were answered (a failed call is logged, as `what`)."""
+    answered: list[tuple[str, EntryResult]] = []
+    for start in range(0, len(receipts), MAX_RECEIPTS_PER_CALL):
+        chunk = receipts[start : start + MAX_RECEIPTS_PER_CALL]
+        try:
+            results = await client.change_visibility(queue, [(receipt, visibility_ms) for receipt in chunk])
+        except ShardqError as error:
+            log.warning("could not %s %d prefetched messages: %s", what, len(chunk), error)
+            continue
+        answered += zip(chunk, results, strict=True)
+    return answered
 
 
 def _heartbeat_period_s(visibility_ms: int) -> float:
     return max(visibility_ms / 3000, 0.05)
+
+
+def _claimed_at_s(message: ReceivedMessage, visibility_ms: int) -> float:
+    """When the message was claimed, in the server's wall-clock seconds: its visible_until
+    less the visibility timeout the claim was made with."""
+    return (message.visible_until_ms - visibility_ms) / 1000
 
 
 def _first_beat_delay_s(message: ReceivedMessage, visibility_ms: int) -> float:
@@ -104,8 +116,7 @@ def _first_beat_delay_s(message: ReceivedMessage, visibility_ms: int) -> float:
     period = _heartbeat_period_s(visibility_ms)
     if message.visible_until_ms <= 0:
         return period
-    due_ms = message.visible_until_ms - visibility_ms + period * 1000
-    return min(period, max(0.0, (due_ms - time.time() * 1000) / 1000))
+    return min(period, max(0.0, _claimed_at_s(message, visibility_ms) + period - time.time()))
 
 
 async def _acknowledge(
@@ -277,14 +288,9 @@ def _stop_beating(timer: asyncio.TimerHandle, beat: asyncio.Task[None] | None) -
 
 
 async def _give_back(client: AsyncClient, queue: str, messages: list[ReceivedMessage]) -> None:
-    for start in range(0, len(messages), MAX_RECEIPTS_PER_CALL):
-        chunk = messages[start : start + MAX_RECEIPTS_PER_CALL]
-        try:
-            results = await client.change_visibility(queue, [(message.receipt, 0) for message in chunk])
-        except ShardqError as error:
-            log.warning("could not give back %d prefetched messages (%s): visible again after their timeout",
-                        len(chunk), error)  # fmt: skip
-            continue
-        refused = sum(1 for result in results if not result.ok)
-        if refused:
-            log.warning("%d prefetched messages could not be given back: visible again after their timeout", refused)
+    receipts = [message.receipt for message in messages]
+    # A failed call leaves its messages visible again after their timeout.
+    results = await _change_visibility(client, queue, receipts, 0, "give back")
+    refused = sum(1 for _, result in results if not result.ok)
+    if refused:
+        log.warning("%d prefetched messages could not be given back: visible again after their timeout", refused)
