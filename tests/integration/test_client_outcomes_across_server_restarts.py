@@ -126,6 +126,9 @@ def test_a_delete_on_a_consumer_stream_that_ended_fails_instead_of_waiting(serve
                         pass
                 with pytest.raises(Unavailable, match="consumer stream has ended"):
                     await asyncio.wait_for(stream.delete([message.receipt]), timeout=10)
+                # Asked again, the ended stream says so again rather than waiting forever.
+                with pytest.raises(ShardqError):
+                    await asyncio.wait_for(anext(aiter(stream.messages())), timeout=10)
 
     asyncio.run(scenario())
 
