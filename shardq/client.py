@@ -142,7 +142,7 @@ class Client:
         handler: Callable[[ReceivedMessage], None],
         *,
         concurrency: int = 8,
-        visibility_timeout_ms: int = 30_000,
+        visibility_timeout_ms: int | None = None,
         max_messages: int | None = None,
         prefetch: int | None = None,
     ) -> ConsumerStats:

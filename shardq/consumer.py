@@ -139,7 +139,7 @@ async def run_consumer(
     handler: Handler,
     *,
     concurrency: int = 8,
-    visibility_timeout_ms: int = 30_000,
+    visibility_timeout_ms: int | None = None,
     stop: asyncio.Event | None = None,
     handle_signals: bool = True,
     max_messages: int | None = None,
@@ -150,7 +150,8 @@ async def run_consumer(
 
     `concurrency` workers share one consumer stream, each handling one message at a
     time. A synchronous handler runs in a worker thread; an async one on the loop.
-    Pass `stats` to watch the counts while it runs.
+    Pass `stats` to watch the counts while it runs. Claims last `visibility_timeout_ms`,
+    by default the queue's own visibility timeout, as a receive without one does.
 
     `prefetch` is the stream's credits: how many claimed messages may wait here for a
     free worker (default: four per worker, as Celery's prefetch multiplier, and at
@@ -174,6 +175,15 @@ async def run_consumer(
             with contextlib.suppress(RuntimeError, ValueError):  # not the main thread
                 loop.add_signal_handler(signum, stop.set)
     stats = stats if stats is not None else ConsumerStats()
+    if visibility_timeout_ms is None:
+        # The queue's own, as its owner chose it. A fixed default here (30 s) overrode it,
+        # and a claim stranded on a stream broken by a failover, which nothing could give
+        # back, stayed hidden that long: 30 s where the demo's queue says 5 s.
+        settings = await client.queue_settings(queue)
+        visibility_timeout_ms = int(settings.get("visibility_timeout_ms", 0))
+    visibility_ms = visibility_timeout_ms
+    # With no visibility timeout nothing is hidden, so no claim needs extending.
+    keeps_claims = visibility_ms > 0
     # Prefetched, never handled: given back at the end, not left to their visibility timeout.
     unstarted: list[ReceivedMessage] = []
     # Set by `stop`, or when run_consumer itself is cancelled: nothing new starts after it.
@@ -188,7 +198,7 @@ async def run_consumer(
         for worker in waiting:
             worker.cancel()
 
-    async with client.consume(queue, credits=prefetch, visibility_timeout_ms=visibility_timeout_ms) as stream:
+    async with client.consume(queue, credits=prefetch, visibility_timeout_ms=visibility_ms) as stream:
         messages = stream.messages()
 
         async def next_message() -> ReceivedMessage | None:
@@ -210,9 +220,11 @@ async def run_consumer(
 
             def start_beating() -> None:
                 nonlocal beat
-                beat = loop.create_task(_heartbeat(client, queue, message.receipt, visibility_timeout_ms, stats))
+                beat = loop.create_task(_heartbeat(client, queue, message.receipt, visibility_ms, stats))
 
-            timer = loop.call_later(_first_beat_delay_s(message, visibility_timeout_ms), start_beating)
+            timer = (
+                loop.call_later(_first_beat_delay_s(message, visibility_ms), start_beating) if keeps_claims else None
+            )
             try:
                 if inspect.iscoroutinefunction(handler):
                     await handler(message)
@@ -259,7 +271,9 @@ async def run_consumer(
                     return
                 await handle(message)
 
-        keeping = loop.create_task(_keep_waiting_claims(client, queue, stream, visibility_timeout_ms, stats))
+        keeping: asyncio.Task[None] | None = None
+        if keeps_claims:
+            keeping = loop.create_task(_keep_waiting_claims(client, queue, stream, visibility_ms, stats))
         watching = loop.create_task(stop.wait())
         watching.add_done_callback(lambda watched: None if watched.cancelled() else end())
         workers = [loop.create_task(work()) for _ in range(concurrency)]
@@ -267,7 +281,8 @@ async def run_consumer(
             await asyncio.wait(workers)
         finally:
             watching.cancel()
-            keeping.cancel()
+            if keeping is not None:
+                keeping.cancel()
             if not all(worker.done() for worker in workers):
                 end()  # run_consumer itself was cancelled: the handlers running finish first
                 await asyncio.wait(workers)
@@ -281,8 +296,9 @@ async def run_consumer(
     return stats
 
 
-def _stop_beating(timer: asyncio.TimerHandle, beat: asyncio.Task[None] | None) -> None:
-    timer.cancel()
+def _stop_beating(timer: asyncio.TimerHandle | None, beat: asyncio.Task[None] | None) -> None:
+    if timer is not None:
+        timer.cancel()
     if beat is not None:
         beat.cancel()
 

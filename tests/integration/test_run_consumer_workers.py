@@ -194,3 +194,25 @@ def test_run_consumer_raises_once_its_stream_breaks_and_the_running_handler_ends
 
     asyncio.run(scenario())
     assert ended == ["first"], "run_consumer returned before its running handler ended"
+
+
+def test_claims_last_the_queues_visibility_timeout_unless_given(server_factory: ServerFactory) -> None:
+    """Without a visibility timeout of its own, run_consumer claims for the queue's (5 s
+    here), as a receive does; the old default of 30 s overrode it, so a claim stranded
+    on a stream a failover broke stayed hidden 30 s."""
+    server = server_factory(f"{QUEUE}:shards=2,visibility=5s")
+    remaining_ms: list[float] = []
+
+    async def handler(message: ReceivedMessage) -> None:
+        remaining_ms.append(message.visible_until_ms - time.time() * 1000)
+
+    async def scenario() -> None:
+        async with AsyncClient(server.endpoint) as client:
+            await send(client, 3)
+            await asyncio.wait_for(
+                run_consumer(client, QUEUE, handler, concurrency=1, handle_signals=False, max_messages=3), 30
+            )
+
+    asyncio.run(scenario())
+    assert len(remaining_ms) == 3
+    assert all(0 < remaining <= 5_000 for remaining in remaining_ms), remaining_ms
