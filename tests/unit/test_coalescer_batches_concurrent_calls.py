@@ -76,6 +76,48 @@ def test_a_failed_batch_fails_its_callers_only() -> None:
     asyncio.run(scenario())
 
 
+def test_a_batch_refused_for_one_callers_input_is_sent_again_call_by_call() -> None:
+    """A server refuses a whole request for one invalid part; the others' calls must not
+    fail with it, and the refusal must reach the caller whose input it was."""
+
+    async def scenario() -> None:
+        submit = Recorder(fail_on=3)
+        coalescer: Coalescer[int, int] = Coalescer(
+            submit, max_batch=10, max_in_flight=1, alone_on=lambda error: isinstance(error, RuntimeError)
+        )
+        outcomes = await asyncio.gather(
+            coalescer.add_many([1]),
+            coalescer.add_many([2]),
+            coalescer.add_many([3]),
+            coalescer.add_many([4, 5]),
+            return_exceptions=True,
+        )
+        assert outcomes[0] == [10]
+        assert outcomes[1] == [20]
+        assert isinstance(outcomes[2], RuntimeError)
+        assert outcomes[3] == [40, 50]
+        # [1] alone at once; [2] [3] [4, 5] shared a batch, refused, then went one by one.
+        assert submit.batches[:2] == [[1], [2, 3, 4, 5]]
+        assert sorted(submit.batches[2:]) == [[2], [3], [4, 5]]
+
+    asyncio.run(scenario())
+
+
+def test_other_failures_still_fail_the_whole_batch() -> None:
+    async def scenario() -> None:
+        submit = Recorder(fail_on=3)
+        coalescer: Coalescer[int, int] = Coalescer(
+            submit, max_batch=10, max_in_flight=1, alone_on=lambda error: isinstance(error, KeyError)
+        )
+        outcomes = await asyncio.gather(coalescer.add(1), coalescer.add(2), coalescer.add(3), return_exceptions=True)
+        assert outcomes[0] == 10
+        assert isinstance(outcomes[1], RuntimeError)
+        assert isinstance(outcomes[2], RuntimeError)
+        assert submit.batches == [[1], [2, 3]]
+
+    asyncio.run(scenario())
+
+
 def test_an_empty_call_sends_nothing() -> None:
     async def scenario() -> None:
         submit = Recorder()
