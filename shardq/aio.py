@@ -23,7 +23,7 @@ import grpc
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.channel_options import RESOLVE_AGAIN_WITHIN_HALF_A_SECOND
 from shardq.coalescing import Coalescer
-from shardq.errors import NotLeader, OutcomeUnknown, ShardqError, Unavailable
+from shardq.errors import InvalidArgument, NotLeader, OutcomeUnknown, ShardqError, Unavailable
 from shardq.queues import MAX_RECEIVE_BATCH
 from shardq.receipts import MalformedReceipt, decode_receipt
 from shardq.routing import choose_shard
@@ -87,6 +87,24 @@ DEFAULT_CALL_TIMEOUT_S = 30.0
 CONNECT_GRACE_S = 3.0
 MAX_ACK_BATCH = 1000
 MAX_ACKS_IN_FLIGHT = 2
+# A unary send shares a request with other callers' only when its bodies and attributes
+# come to at most this: MAX_AUTO_BATCH such messages stay well inside the server's
+# MAX_BATCH_BYTES, and a large send gains nothing from company.
+MAX_SHARED_SEND_BYTES = 64 * 1024
+
+
+def _payload_bytes(messages: Sequence[Message]) -> int:
+    size = 0
+    for message in messages:
+        size += len(message.body) + len(message.group_id) + len(message.dedup_id)
+        if message.attributes:
+            size += sum(len(key.encode()) + len(value.encode()) for key, value in message.attributes.items())
+    return size
+
+
+def _refused_as_invalid(error: Exception) -> bool:
+    """The server refuses a whole request when one of its parts is invalid, storing nothing."""
+    return isinstance(error, InvalidArgument)
 
 
 def message_to_proto(message: Message) -> queue_pb2.MessageToSend:
@@ -229,6 +247,9 @@ class AsyncClient:
         self._stub = queue_pb2_grpc.QueueServiceStub(self._channel)
         self._producer: ProducerStream | None = None
         self._batchers: dict[str, Coalescer[Message, SendResult]] = {}
+        # Per (queue, leader address or None for the endpoint, shard, idempotent):
+        # concurrent small unary sends share one request.
+        self._senders: dict[tuple[str, str | None, int | None, bool], Coalescer[Message, SendResult]] = {}
         # Per (queue, leader address): concurrent unary deletes share one request.
         self._deleters: dict[tuple[str, str], Coalescer[str, EntryResult]] = {}
         self._route_directly = route_directly
@@ -385,12 +406,14 @@ class AsyncClient:
     async def send_messages(self, queue: str, messages: Sequence[Message]) -> list[SendResult]:
         """Send a batch; per-message results (some may carry an error).
 
-        Against a cluster, each shard's part goes straight to its leader.
-        """
+        Against a cluster, each shard's part goes straight to its leader. Concurrent
+        small calls to one leader (and shard) share a request, as concurrent deletes do:
+        a lone call goes out at once, calls made while one is in flight go out together
+        once it is answered. A shared request the server refuses for one call's invalid
+        message is sent again call by call, so only that caller gets the error."""
         routes = await self._routes_for(queue)
         if routes is None:
-            request = queue_pb2.SendMessagesRequest(queue=queue, messages=[message_to_proto(m) for m in messages])
-            return send_results_from_proto(await self._unary(self._stub.SendMessages, request, queue=queue))
+            return await self._send_to(queue, None, None, list(messages))
         turn = next(self._round_robin)
         by_shard: dict[int, list[int]] = {}
         for position, message in enumerate(messages):
@@ -405,17 +428,52 @@ class AsyncClient:
         results: list[SendResult | None] = [None] * len(messages)
 
         async def send_shard(shard: int, positions: list[int]) -> None:
-            request = queue_pb2.SendMessagesRequest(
-                queue=queue, shard=shard, messages=[message_to_proto(messages[p]) for p in positions]
-            )
-            # A repeated send stores nothing new only when every message has a dedup id.
-            idempotent = all(messages[p].dedup_id for p in positions)
-            response = await self._routed(queue, routes.leaders[shard], "SendMessages", request, idempotent=idempotent)
-            for position, result in zip(positions, send_results_from_proto(response), strict=True):
+            part = [messages[p] for p in positions]
+            for position, result in zip(
+                positions, await self._send_to(queue, routes.leaders[shard], shard, part), strict=True
+            ):
                 results[position] = result
 
         await asyncio.gather(*(send_shard(shard, positions) for shard, positions in by_shard.items()))
         return [result for result in results if result is not None]
+
+    async def _send_to(
+        self, queue: str, address: str | None, shard: int | None, messages: list[Message]
+    ) -> list[SendResult]:
+        """Send `messages` to `address` (a leader; None: the endpoint), pinned to `shard`."""
+        # A repeated send stores nothing new only when every message has a dedup id; such
+        # calls share requests only with each other, so they keep that guarantee.
+        idempotent = all(message.dedup_id for message in messages)
+        if not messages or len(messages) > MAX_AUTO_BATCH or _payload_bytes(messages) > MAX_SHARED_SEND_BYTES:
+            # Empty and long calls are refused or answered as sent; a large one gains nothing.
+            return await self._send_now(queue, address, shard, idempotent, messages)
+        return await self._sender(queue, address, shard, idempotent).add_many(messages)
+
+    async def _send_now(
+        self, queue: str, address: str | None, shard: int | None, idempotent: bool, messages: list[Message]
+    ) -> list[SendResult]:
+        request = queue_pb2.SendMessagesRequest(queue=queue, messages=[message_to_proto(m) for m in messages])
+        if shard is not None:
+            request.shard = shard
+        if address is None:
+            response = await self._unary(self._stub.SendMessages, request, queue=queue, idempotent=idempotent)
+        else:
+            response = await self._routed(queue, address, "SendMessages", request, idempotent=idempotent)
+        return send_results_from_proto(response)
+
+    def _sender(
+        self, queue: str, address: str | None, shard: int | None, idempotent: bool
+    ) -> Coalescer[Message, SendResult]:
+        key = (queue, address, shard, idempotent)
+        sender = self._senders.get(key)
+        if sender is None:
+            sender = self._senders[key] = Coalescer(
+                functools.partial(self._send_now, queue, address, shard, idempotent),
+                max_batch=MAX_AUTO_BATCH,
+                max_in_flight=MAX_BATCHES_IN_FLIGHT,
+                alone_on=_refused_as_invalid,
+            )
+        return sender
 
     async def send_messages_streamed(self, queue: str, messages: Sequence[Message]) -> list[SendResult]:
         """Like send_messages, over the shared producer stream: concurrent calls to

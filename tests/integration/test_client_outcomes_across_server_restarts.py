@@ -1,7 +1,7 @@
 """What a client says when its server restarts or dies: calls made while a server comes
 up succeed, a call that a late connection carried is never reported as never sent, a
-receipt operation cut off mid-call is OUTCOME_UNKNOWN (it may have been applied), and a
-dead server leaves no asyncio noise behind."""
+receipt operation or a send without dedup ids cut off mid-call is OUTCOME_UNKNOWN (it
+may have been applied), and a dead server leaves no asyncio noise behind."""
 
 from __future__ import annotations
 
@@ -109,6 +109,33 @@ def test_a_delete_cut_off_mid_call_is_outcome_unknown(server: ServerProcess) -> 
         deleting.join(timeout=30)
         (error,) = errors
         assert isinstance(error, OutcomeUnknown), repr(error)
+
+
+@pytest.mark.parametrize(("dedup_id", "expected"), [("", OutcomeUnknown), ("once", Unavailable)])
+def test_a_send_cut_off_mid_call_is_outcome_unknown_unless_a_repeat_is_harmless(
+    server: ServerProcess, dedup_id: str, expected: type[ShardqError]
+) -> None:
+    """A send cut off mid-call may have been stored: UNAVAILABLE ("not sent") would invite a
+    repeat that stores it twice. With a dedup id a repeat stores nothing new, so it may say so."""
+    with Client(server.endpoint) as client:
+        client.send_messages(QUEUE, [Message(b"before")])
+        os.kill(server.pid, signal.SIGSTOP)  # the send reaches a server that cannot answer
+        errors: list[BaseException] = []
+
+        def send() -> None:
+            try:
+                client.send_messages(QUEUE, [Message(b"cut off", dedup_id=dedup_id)])
+            except BaseException as error:
+                errors.append(error)
+
+        sending = threading.Thread(target=send)
+        sending.start()
+        sending.join(timeout=1.0)
+        assert sending.is_alive(), "the send should be waiting for the stopped server"
+        server.kill()  # the connection drops with the call in flight
+        sending.join(timeout=30)
+        (error,) = errors
+        assert type(error) is expected, repr(error)
 
 
 def test_a_delete_on_a_consumer_stream_that_ended_fails_instead_of_waiting(server: ServerProcess) -> None:

@@ -1,0 +1,125 @@
+"""Concurrent unary sends from one AsyncClient share requests, and still answer each
+caller for its own messages: a lone send goes out at once, small sends made while one is
+in flight go out together once it is answered. One caller's invalid message fails that
+caller alone (the server refuses the whole shared request, and the client sends its
+calls again one by one), sends with dedup ids never share a request with sends without
+(a repeat of theirs must store nothing new), and large sends go out on their own."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from shardq import AsyncClient, Message
+from shardq.errors import InvalidArgument
+from shardq.types import SendResult
+from tests.integration.scraping import samples, scrape_text, values
+from tests.support.servers import ServerFactory, ServerProcess
+
+QUEUE = "work"
+SENDS = "QueueService/SendMessages"
+
+
+def send_requests(server: ServerProcess, code: str = "OK") -> float:
+    # A code no request has ended with yet has no series.
+    return sum(values(samples(scrape_text(server.metrics_url)), "shardq_requests_total", method=SENDS, code=code))
+
+
+async def drain(client: AsyncClient, expected: int) -> list[bytes]:
+    bodies: list[bytes] = []
+    for _ in range(100):
+        if len(bodies) >= expected:
+            break
+        received = await client.receive_messages(QUEUE, max_messages=10, visibility_timeout_ms=60_000)
+        bodies += [message.body for message in received]
+    return sorted(bodies)
+
+
+@pytest.fixture
+def server(server_factory: ServerFactory) -> ServerProcess:
+    return server_factory(f"{QUEUE}:shards=2")
+
+
+def test_concurrent_small_sends_share_requests_and_each_caller_gets_its_own_results(server: ServerProcess) -> None:
+    async def scenario() -> tuple[list[list[SendResult]], float, list[bytes]]:
+        async with AsyncClient(server.endpoint) as client:
+            await client.send_messages(QUEUE, [Message(b"warm-up")])
+            before = send_requests(server)
+            answers = await asyncio.gather(
+                *(client.send_messages(QUEUE, [Message(b"m%d" % n)]) for n in range(7)),
+                client.send_messages(QUEUE, [Message(b"m7"), Message(b"m8")]),
+            )
+            requests = send_requests(server) - before
+            return list(answers), requests, await drain(client, 10)
+
+    answers, requests, bodies = asyncio.run(scenario())
+    assert [[result.ok for result in answer] for answer in answers] == [[True]] * 7 + [[True, True]]
+    ids = [result.message_id for answer in answers for result in answer]
+    assert len(set(ids)) == 9
+    assert bodies == sorted([b"warm-up"] + [b"m%d" % n for n in range(9)])
+    # The first went out alone, at once; the seven made meanwhile went out together.
+    assert requests == 2, f"{requests:.0f} send requests for 8 concurrent calls"
+
+
+def test_one_callers_invalid_message_fails_that_caller_alone(server: ServerProcess) -> None:
+    async def scenario() -> tuple[list[list[SendResult] | BaseException], float, list[bytes]]:
+        async with AsyncClient(server.endpoint) as client:
+            # Learns the routes first: callers waiting on them resume in no set order.
+            await client.send_messages(QUEUE, [Message(b"warm-up")])
+            refused_before = send_requests(server, "INVALID_ARGUMENT")
+            answers = await asyncio.gather(
+                *(client.send_messages(QUEUE, [Message(b"good%d" % n)]) for n in range(5)),
+                # Its second message is invalid: attribute keys under "shardq." are the server's.
+                client.send_messages(QUEUE, [Message(b"bad0"), Message(b"bad1", {"shardq.reason": "x"})]),
+                return_exceptions=True,
+            )
+            refused = send_requests(server, "INVALID_ARGUMENT") - refused_before
+            return list(answers), refused, await drain(client, 6)
+
+    answers, refused, bodies = asyncio.run(scenario())
+    *good, bad = answers
+    assert all(isinstance(answer, list) and [r.ok for r in answer] == [True] for answer in good), good
+    assert isinstance(bad, InvalidArgument), repr(bad)
+    # Named as in the caller's own call, not as in the shared request it had joined.
+    assert bad.field == "messages[1].attributes", bad.field
+    # The others were stored, once each; nothing of the refused call was.
+    assert bodies == sorted([b"warm-up"] + [b"good%d" % n for n in range(5)])
+    # The shared request was refused, then the refused caller's own request.
+    assert refused == 2, f"{refused:.0f} refused requests"
+
+
+def test_sends_with_dedup_ids_share_requests_only_with_each_other(server: ServerProcess) -> None:
+    async def scenario() -> float:
+        async with AsyncClient(server.endpoint) as client:
+            await client.send_messages(QUEUE, [Message(b"warm-up")])
+            before = send_requests(server)
+            hold = asyncio.create_task(client.send_messages(QUEUE, [Message(b"first")]))
+            await asyncio.sleep(0)  # in flight: the rest queue behind it
+            await asyncio.gather(
+                *(client.send_messages(QUEUE, [Message(b"d%d" % n, dedup_id=f"d{n}")]) for n in range(4)),
+                *(client.send_messages(QUEUE, [Message(b"p%d" % n)]) for n in range(4)),
+                hold,
+            )
+            return send_requests(server) - before
+
+    requests = asyncio.run(scenario())
+    # "first" alone; then the first with a dedup id alone (nothing of its kind was in
+    # flight) and the other three together; the four without, together. Had the two
+    # kinds shared requests, there would be two.
+    assert requests == 4, f"{requests:.0f} send requests"
+
+
+def test_large_sends_go_out_on_their_own(server: ServerProcess) -> None:
+    body = b"x" * (100 * 1024)
+
+    async def scenario() -> tuple[float, int]:
+        async with AsyncClient(server.endpoint) as client:
+            await client.send_messages(QUEUE, [Message(b"warm-up")])
+            before = send_requests(server)
+            answers = await asyncio.gather(*(client.send_messages(QUEUE, [Message(body)]) for _ in range(4)))
+            return send_requests(server) - before, sum(result.ok for answer in answers for result in answer)
+
+    requests, stored = asyncio.run(scenario())
+    assert stored == 4
+    assert requests == 4, f"{requests:.0f} send requests for 4 large sends"
