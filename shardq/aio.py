@@ -250,8 +250,10 @@ class AsyncClient:
         # Per (queue, leader address or None for the endpoint, shard, idempotent):
         # concurrent small unary sends share one request.
         self._senders: dict[tuple[str, str | None, int | None, bool], Coalescer[Message, SendResult]] = {}
-        # Per (queue, leader address): concurrent unary deletes share one request.
+        # Per (queue, leader address): concurrent unary deletes (and visibility changes)
+        # share one request.
         self._deleters: dict[tuple[str, str], Coalescer[str, EntryResult]] = {}
+        self._visibility_changers: dict[tuple[str, str], Coalescer[tuple[str, int], EntryResult]] = {}
         self._route_directly = route_directly
         self._routes: dict[str, _QueueRoutes] = {}
         self._leader_channels: dict[str, grpc.aio.Channel] = {}
@@ -577,16 +579,39 @@ class AsyncClient:
         return deleter
 
     async def change_visibility(self, queue: str, changes: Sequence[tuple[str, int]]) -> list[EntryResult]:
+        """Change visibility timeouts by receipt; per-receipt results. Concurrent calls to
+        one leader share a request, as deletes do. The server refuses a whole request for
+        one invalid timeout; a shared request so refused is sent again call by call, so
+        only the caller whose timeout it was gets the error."""
+
         async def call(address: str, chunk: list[tuple[str, int]]) -> list[EntryResult]:
-            request = queue_pb2.ChangeVisibilityRequest(
-                queue=queue,
-                changes=[queue_pb2.VisibilityChange(receipt=r, visibility_timeout_ms=t) for r, t in chunk],
-            )
-            return entry_results_from_proto(
-                (await self._routed(queue, address, "ChangeVisibility", request, idempotent=False)).results
-            )
+            if not chunk or len(chunk) > MAX_RECEIVE_BATCH:  # the server validates and refuses it
+                return await self._change_visibility_now(queue, address, chunk)
+            return await self._visibility_changer(queue, address).add_many(chunk)
 
         return await self._by_receipt(queue, [r for r, _ in changes], list(changes), call)
+
+    async def _change_visibility_now(
+        self, queue: str, address: str, changes: list[tuple[str, int]]
+    ) -> list[EntryResult]:
+        request = queue_pb2.ChangeVisibilityRequest(
+            queue=queue,
+            changes=[queue_pb2.VisibilityChange(receipt=r, visibility_timeout_ms=t) for r, t in changes],
+        )
+        return entry_results_from_proto(
+            (await self._routed(queue, address, "ChangeVisibility", request, idempotent=False)).results
+        )
+
+    def _visibility_changer(self, queue: str, address: str) -> Coalescer[tuple[str, int], EntryResult]:
+        changer = self._visibility_changers.get((queue, address))
+        if changer is None:
+            changer = self._visibility_changers[queue, address] = Coalescer(
+                functools.partial(self._change_visibility_now, queue, address),
+                max_batch=MAX_RECEIVE_BATCH,
+                max_in_flight=MAX_ACKS_IN_FLIGHT,
+                alone_on=_refused_as_invalid,
+            )
+        return changer
 
     async def release_messages(self, queue: str, receipts: Sequence[str], *, reason: str = "") -> list[EntryResult]:
         """Release (nack with backoff); `reason` (at most 1024 characters) is kept as each
