@@ -458,7 +458,9 @@ class AsyncClient:
         if shard is not None:
             request.shard = shard
         if address is None:
-            response = await self._unary(self._stub.SendMessages, request, queue=queue, idempotent=idempotent)
+            # Nothing retries this call: cut off mid-call, it says it may have been stored
+            # (OUTCOME_UNKNOWN), dedup ids or not, rather than "reached no server".
+            response = await self._unary(self._stub.SendMessages, request, queue=queue, idempotent=False)
         else:
             response = await self._routed(queue, address, "SendMessages", request, idempotent=idempotent)
         return send_results_from_proto(response)
