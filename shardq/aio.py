@@ -23,7 +23,7 @@ import grpc
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.channel_options import RESOLVE_AGAIN_WITHIN_HALF_A_SECOND
 from shardq.coalescing import Coalescer
-from shardq.errors import InvalidArgument, NotLeader, OutcomeUnknown, ShardqError, Unavailable
+from shardq.errors import InvalidArgument, NotLeader, OutcomeUnknown, QueueFull, ShardqError, Unavailable
 from shardq.queues import MAX_RECEIVE_BATCH
 from shardq.receipts import MalformedReceipt, decode_receipt
 from shardq.routing import choose_shard
@@ -102,9 +102,12 @@ def _payload_bytes(messages: Sequence[Message]) -> int:
     return size
 
 
-def _refused_as_invalid(error: Exception) -> bool:
-    """The server refuses a whole request when one of its parts is invalid, storing nothing."""
-    return isinstance(error, InvalidArgument)
+def _refused_whole_for_a_part(error: Exception) -> bool:
+    """Whether the server refused a whole request, storing nothing, for what some of its
+    parts alone may not share: one invalid message or timeout (INVALID_ARGUMENT), or more
+    messages than the queue has room for (QUEUE_FULL: a shard's part of a send is stored
+    whole or not at all, and fewer messages may fit)."""
+    return isinstance(error, (InvalidArgument, QueueFull))
 
 
 def message_to_proto(message: Message) -> queue_pb2.MessageToSend:
@@ -475,7 +478,7 @@ class AsyncClient:
                 functools.partial(self._send_now, queue, address, shard, idempotent),
                 max_batch=MAX_AUTO_BATCH,
                 max_in_flight=MAX_BATCHES_IN_FLIGHT,
-                alone_on=_refused_as_invalid,
+                alone_on=_refused_whole_for_a_part,
             )
         return sender
 
@@ -611,7 +614,7 @@ class AsyncClient:
                 functools.partial(self._change_visibility_now, queue, address),
                 max_batch=MAX_RECEIVE_BATCH,
                 max_in_flight=MAX_ACKS_IN_FLIGHT,
-                alone_on=_refused_as_invalid,
+                alone_on=_refused_whole_for_a_part,
             )
         return changer
 

@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from shardq import AsyncClient, Message
-from shardq.errors import InvalidArgument
+from shardq.errors import InvalidArgument, QueueFull
 from shardq.types import SendResult
 from tests.integration.scraping import samples, scrape_text, values
 from tests.support.servers import ServerFactory, ServerProcess
@@ -123,3 +123,40 @@ def test_large_sends_go_out_on_their_own(server: ServerProcess) -> None:
     requests, stored = asyncio.run(scenario())
     assert stored == 4
     assert requests == 4, f"{requests:.0f} send requests for 4 large sends"
+
+
+@pytest.mark.parametrize(
+    ("max_depth", "before", "calls"),
+    [
+        # The shared request (4 calls) fits the queue's depth but not its room: QUEUE_FULL.
+        (8, 6, 5),
+        # The shared request (7 calls) is longer than the queue's depth: INVALID_ARGUMENT,
+        # "a batch of 7 can never fit", for sends of one message each.
+        (4, 1, 8),
+    ],
+)
+def test_sends_sharing_a_request_the_queue_has_no_room_for_are_answered_one_by_one(
+    server_factory: ServerFactory, max_depth: int, before: int, calls: int
+) -> None:
+    """A send is stored whole or refused whole when the queue lacks room for all of it.
+    Calls sharing a request must not all be refused where some of them, sent alone, fit:
+    sent again one by one, as many as there is room for are stored, and the others are
+    told the queue is full."""
+    server = server_factory(f"{QUEUE}:shards=1,max_depth={max_depth}")
+
+    async def scenario() -> tuple[list[list[SendResult] | BaseException], int]:
+        async with AsyncClient(server.endpoint) as client:
+            await client.send_messages(QUEUE, [Message(b"before%d" % n) for n in range(before)])
+            answers = await asyncio.gather(
+                *(client.send_messages(QUEUE, [Message(b"m%d" % n)]) for n in range(calls)), return_exceptions=True
+            )
+            return list(answers), (await client.attributes(QUEUE)).visible
+
+    answers, visible = asyncio.run(scenario())
+    stored = [answer for answer in answers if isinstance(answer, list)]
+    refused = [answer for answer in answers if not isinstance(answer, list)]
+    room = max_depth - before
+    assert [[result.ok for result in answer] for answer in stored] == [[True]] * room, answers
+    assert len(refused) == calls - room
+    assert all(isinstance(error, QueueFull) for error in refused), refused
+    assert visible == max_depth
