@@ -501,7 +501,11 @@ class AsyncClient:
                 return send_results_from_proto(response)
 
             batcher = self._batchers[queue] = Coalescer(
-                submit, max_batch=MAX_AUTO_BATCH, max_in_flight=MAX_BATCHES_IN_FLIGHT
+                submit,
+                max_batch=MAX_AUTO_BATCH,
+                max_in_flight=MAX_BATCHES_IN_FLIGHT,
+                # The server refuses a stream request whole, as it does a unary one.
+                alone_on=_refused_whole_for_a_part,
             )
         return batcher
 

@@ -6,6 +6,7 @@ import asyncio
 import time
 
 from shardq import AsyncClient, Client, EntryResult, Message
+from shardq.errors import InvalidArgument
 from tests.support.servers import ServerFactory, ServerProcess, stored_count, wait_for
 
 QUEUE = "stream"
@@ -46,6 +47,37 @@ def test_concurrent_sends_are_batched_and_consumed_over_a_stream(server_factory:
         bodies = asyncio.run(asyncio.wait_for(consume_and_delete(server.endpoint, SENDS), timeout=60))
         assert sorted(bodies) == sorted(b"%d" % i for i in range(SENDS))
         wait_for(lambda: stored_count(client, QUEUE) == 0, timeout=5, what="deletes to be applied")
+
+
+def test_one_callers_invalid_message_fails_only_that_callers_stream_send(server_factory: ServerFactory) -> None:
+    """Concurrent send() calls share a stream request, which the server refuses whole for
+    one invalid message: the other callers' sends failed with that caller's error (and
+    were not stored). Now the refused request goes again call by call."""
+    server = server_factory(SPEC)
+
+    async def scenario() -> tuple[list[object], list[bytes]]:
+        async with AsyncClient(server.endpoint) as client:
+            # Opens the stream: below, the first call goes alone and the rest share a request.
+            await client.send(QUEUE, b"warm-up")
+            outcomes = await asyncio.gather(
+                *(client.send(QUEUE, b"ok%d" % n) for n in range(5)),
+                # Attribute keys under "shardq." are the server's.
+                client.send(QUEUE, b"bad", attributes={"shardq.reason": "x"}),
+                return_exceptions=True,
+            )
+            received: list[bytes] = []
+            for _ in range(20):
+                if len(received) >= 6:
+                    break
+                received += [m.body for m in await client.receive_messages(QUEUE, max_messages=10)]
+            return list(outcomes), sorted(received)
+
+    outcomes, received = asyncio.run(scenario())
+    *good, bad = outcomes
+    assert all(getattr(result, "ok", False) for result in good), good
+    assert isinstance(bad, InvalidArgument), repr(bad)
+    assert bad.field == "messages[0].attributes", bad.field
+    assert received == sorted([b"warm-up"] + [b"ok%d" % n for n in range(5)])
 
 
 def test_consumer_stream_holds_no_more_than_its_credits(server_factory: ServerFactory) -> None:
