@@ -414,8 +414,9 @@ class AsyncClient:
         Against a cluster, each shard's part goes straight to its leader. Concurrent
         small calls to one leader (and shard) share a request, as concurrent deletes do:
         a lone call goes out at once, calls made while one is in flight go out together
-        once it is answered. A shared request the server refuses for one call's invalid
-        message is sent again call by call, so only that caller gets the error."""
+        once it is answered. A shared request the server refuses whole (one call's
+        invalid message, or too little room in the queue for all of it) is sent again
+        call by call, so each caller gets its own answer."""
         routes = await self._routes_for(queue)
         if routes is None:
             return await self._send_to(queue, None, None, list(messages))

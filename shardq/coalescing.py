@@ -20,10 +20,11 @@ waited 1.75 ms p50 per send where one caller waited 1.1; now 1.2 (README, latenc
 section). Full batches still go out up to max_in_flight at once, so a bulk send
 keeps its pipeline.
 
-A server may refuse a whole request for one caller's bad input (an invalid message in a
-send). Given `alone_on`, a batch of several calls refused with such an error is sent
-again as one request per call, so each caller gets its own answer and the others are
-stored: a refused request stored nothing, so sending its parts again repeats nothing.
+A server may refuse a whole request for what only some of its calls hold: one caller's
+invalid message, or more messages than a queue has room for. Given `alone_on`, a batch
+of several calls refused with such an error is sent again as one request per call, so
+each caller gets its own answer and the others are stored: a refused request stored
+nothing, so sending its parts again repeats nothing.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ class Coalescer(Generic[Item, Result]):
             results = await self._submit([item for chunk, _ in batch for item in chunk])
         except Exception as error:
             if len(batch) > 1 and self._alone_on is not None and self._alone_on(error):
-                # Refused whole for one caller's input: each call alone says whose it was.
+                # Refused whole for what some calls hold: alone, each gets its own answer.
                 await asyncio.gather(*(self._deliver([call]) for call in batch))
                 return
             for _, future in batch:  # every caller of the batch gets the failure
