@@ -65,11 +65,13 @@ class ShardStats:
 
 
 def let_lmdb_calls_release_the_gil() -> None:
-    """Make every LMDB call, commit and its fsync included, release the GIL (process-wide).
+    """Ask py-lmdb to release the GIL in every call (process-wide), not only in `commit()`.
 
-    py-lmdb 2 and later keep the GIL inside their calls unless asked (older ones
-    always release it). One writer thread gains nothing from releasing it
-    (measured); several writer threads need it, or their fsyncs cannot overlap.
+    py-lmdb 3 releases the GIL inside `commit()`, fsync included, even unasked:
+    during a 200 ms commit another Python thread kept running (README, latency
+    section). This asks the same of its other calls (gets, puts, cursors). One
+    writer thread gained nothing from it (measured); several writer threads may
+    need it for their LMDB work to overlap.
     """
     enable = getattr(lmdb, "enable_drop_gil", None)
     if enable is not None:
