@@ -8,13 +8,16 @@ calls again one by one), sends with dedup ids never share a request with sends w
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import pathlib
 
 import pytest
 
-from shardq import AsyncClient, Message
+from shardq import AsyncClient, Client, Message
 from shardq.errors import InvalidArgument, QueueFull
 from shardq.types import SendResult
 from tests.integration.scraping import samples, scrape_text, values
+from tests.support.clusters import Cluster, running, send_once_led
 from tests.support.servers import ServerFactory, ServerProcess
 
 QUEUE = "work"
@@ -160,3 +163,33 @@ def test_sends_sharing_a_request_the_queue_has_no_room_for_are_answered_one_by_o
     assert len(refused) == calls - room
     assert all(isinstance(error, QueueFull) for error in refused), refused
     assert visible == max_depth
+
+
+def test_against_a_cluster_concurrent_sends_share_requests_to_each_shards_leader(tmp_path: pathlib.Path) -> None:
+    """Routed straight to the leaders (s1 leads shard 0, s2 shard 1): eight concurrent
+    sends take the two shards in turn, and each shard's four reach its leader in two
+    requests (the old client sent four to each)."""
+    with contextlib.ExitStack() as stack:
+        cluster = stack.enter_context(
+            contextlib.contextmanager(running)(Cluster(tmp_path, placement=[["s1", "s2"], ["s2", "s1"]]))
+        )
+        with Client(cluster.endpoint("s1")) as warm_up:
+            send_once_led(warm_up, b"warm-up")
+            send_once_led(warm_up, b"warm-up")  # round robin: the other shard too
+
+        def requests(server: str) -> float:
+            found = samples(scrape_text(cluster.metrics_url(server)))
+            return sum(values(found, "shardq_requests_total", method=SENDS, code="OK"))
+
+        async def scenario() -> dict[str, float]:
+            async with AsyncClient(cluster.endpoint("s1")) as client:
+                await client.send_messages("orders", [Message(b"learns the routes")])
+                before = {server: requests(server) for server in ("s1", "s2")}
+                answers = await asyncio.gather(
+                    *(client.send_messages("orders", [Message(b"m%d" % n)]) for n in range(8))
+                )
+                assert [[result.ok for result in answer] for answer in answers] == [[True]] * 8
+                assert sorted(result.shard for answer in answers for result in answer) == [0] * 4 + [1] * 4
+                return {server: requests(server) - before[server] for server in ("s1", "s2")}
+
+        assert asyncio.run(scenario()) == {"s1": 2, "s2": 2}
