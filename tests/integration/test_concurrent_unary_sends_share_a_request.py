@@ -3,7 +3,9 @@ caller for its own messages: a lone send goes out at once, small sends made whil
 in flight go out together once it is answered. One caller's invalid message fails that
 caller alone (the server refuses the whole shared request, and the client sends its
 calls again one by one), sends with dedup ids never share a request with sends without
-(a repeat of theirs must store nothing new), and large sends go out on their own."""
+(a repeat of theirs must store nothing new), large sends go out on their own, a queue
+with room for some of the callers stores theirs, and against a cluster each shard's
+calls share requests to its leader."""
 
 from __future__ import annotations
 
