@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -76,6 +76,10 @@ async def _connects_within(channel: grpc.aio.Channel, seconds: float) -> bool:
     return True
 
 
+Key = TypeVar("Key")
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
 # Transparent batching: how many single sends ride in one batch, and how many
 # batches per queue may be in flight before new sends wait to join the next.
 MAX_AUTO_BATCH = 500
@@ -100,6 +104,24 @@ def _payload_bytes(messages: Sequence[Message]) -> int:
         if message.attributes:
             size += sum(len(key.encode()) + len(value.encode()) for key, value in message.attributes.items())
     return size
+
+
+def _coalescer_for(
+    coalescers: dict[Key, Coalescer[Item, Result]],
+    key: Key,
+    submit: Callable[[], Callable[[list[Item]], Awaitable[Sequence[Result]]]],
+    *,
+    max_batch: int,
+    max_in_flight: int,
+) -> Coalescer[Item, Result]:
+    """`coalescers[key]`, made on first use with `submit()`. A shared unary request the
+    server refuses whole for what some of its calls hold goes again call by call."""
+    coalescer = coalescers.get(key)
+    if coalescer is None:
+        coalescer = coalescers[key] = Coalescer(
+            submit(), max_batch=max_batch, max_in_flight=max_in_flight, alone_on=_refused_whole_for_a_part
+        )
+    return coalescer
 
 
 def _refused_whole_for_a_part(error: Exception) -> bool:
@@ -472,16 +494,13 @@ class AsyncClient:
     def _sender(
         self, queue: str, address: str | None, shard: int | None, idempotent: bool
     ) -> Coalescer[Message, SendResult]:
-        key = (queue, address, shard, idempotent)
-        sender = self._senders.get(key)
-        if sender is None:
-            sender = self._senders[key] = Coalescer(
-                functools.partial(self._send_now, queue, address, shard, idempotent),
-                max_batch=MAX_AUTO_BATCH,
-                max_in_flight=MAX_BATCHES_IN_FLIGHT,
-                alone_on=_refused_whole_for_a_part,
-            )
-        return sender
+        return _coalescer_for(
+            self._senders,
+            (queue, address, shard, idempotent),
+            lambda: functools.partial(self._send_now, queue, address, shard, idempotent),
+            max_batch=MAX_AUTO_BATCH,
+            max_in_flight=MAX_BATCHES_IN_FLIGHT,
+        )
 
     async def send_messages_streamed(self, queue: str, messages: Sequence[Message]) -> list[SendResult]:
         """Like send_messages, over the shared producer stream: concurrent calls to
@@ -579,14 +598,13 @@ class AsyncClient:
         )
 
     def _deleter(self, queue: str, address: str) -> Coalescer[str, EntryResult]:
-        deleter = self._deleters.get((queue, address))
-        if deleter is None:
-            deleter = self._deleters[queue, address] = Coalescer(
-                functools.partial(self._delete_now, queue, address),
-                max_batch=MAX_ACK_BATCH,
-                max_in_flight=MAX_ACKS_IN_FLIGHT,
-            )
-        return deleter
+        return _coalescer_for(
+            self._deleters,
+            (queue, address),
+            lambda: functools.partial(self._delete_now, queue, address),
+            max_batch=MAX_ACK_BATCH,
+            max_in_flight=MAX_ACKS_IN_FLIGHT,
+        )
 
     async def change_visibility(self, queue: str, changes: Sequence[tuple[str, int]]) -> list[EntryResult]:
         """Change visibility timeouts by receipt; per-receipt results. Concurrent calls to
@@ -613,15 +631,13 @@ class AsyncClient:
         )
 
     def _visibility_changer(self, queue: str, address: str) -> Coalescer[tuple[str, int], EntryResult]:
-        changer = self._visibility_changers.get((queue, address))
-        if changer is None:
-            changer = self._visibility_changers[queue, address] = Coalescer(
-                functools.partial(self._change_visibility_now, queue, address),
-                max_batch=MAX_RECEIVE_BATCH,
-                max_in_flight=MAX_ACKS_IN_FLIGHT,
-                alone_on=_refused_whole_for_a_part,
-            )
-        return changer
+        return _coalescer_for(
+            self._visibility_changers,
+            (queue, address),
+            lambda: functools.partial(self._change_visibility_now, queue, address),
+            max_batch=MAX_RECEIVE_BATCH,
+            max_in_flight=MAX_ACKS_IN_FLIGHT,
+        )
 
     async def release_messages(self, queue: str, receipts: Sequence[str], *, reason: str = "") -> list[EntryResult]:
         """Release (nack with backoff); `reason` (at most 1024 characters) is kept as each

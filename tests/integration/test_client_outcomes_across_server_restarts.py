@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Callable
 
 import grpc
 import pytest
@@ -87,27 +88,34 @@ def test_a_send_a_late_connection_carried_is_not_reported_as_never_sent() -> Non
     asyncio.run(scenario())
 
 
+def error_of_a_call_cut_off(server: ServerProcess, call: Callable[[], object]) -> BaseException:
+    """The error `call` raises when the server, stopped (SIGSTOP) so the call reaches a
+    server that cannot answer, is killed with the call in flight."""
+    os.kill(server.pid, signal.SIGSTOP)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as error:
+            errors.append(error)
+
+    calling = threading.Thread(target=run)
+    calling.start()
+    calling.join(timeout=1.0)
+    assert calling.is_alive(), "the call should be waiting for the stopped server"
+    server.kill()  # the connection drops with the call in flight
+    calling.join(timeout=30)
+    (error,) = errors
+    return error
+
+
 def test_a_delete_cut_off_mid_call_is_outcome_unknown(server: ServerProcess) -> None:
     with Client(server.endpoint) as client:
         client.send_messages(QUEUE, [Message(b"x")])
         (message,) = client.receive_messages(QUEUE, max_messages=1, visibility_timeout_ms=60_000)
         wait_in_flight(client, QUEUE, 1)
-        os.kill(server.pid, signal.SIGSTOP)  # the delete reaches a server that cannot answer
-        errors: list[BaseException] = []
-
-        def delete() -> None:
-            try:
-                client.delete_messages(QUEUE, [message.receipt])
-            except BaseException as error:
-                errors.append(error)
-
-        deleting = threading.Thread(target=delete)
-        deleting.start()
-        deleting.join(timeout=1.0)
-        assert deleting.is_alive(), "the delete should be waiting for the stopped server"
-        server.kill()  # the connection drops with the call in flight
-        deleting.join(timeout=30)
-        (error,) = errors
+        error = error_of_a_call_cut_off(server, lambda: client.delete_messages(QUEUE, [message.receipt]))
         assert isinstance(error, OutcomeUnknown), repr(error)
 
 
@@ -117,22 +125,9 @@ def test_a_send_cut_off_mid_call_is_outcome_unknown(server: ServerProcess, dedup
     changed nothing", and repeating a send without dedup ids on that word stores it twice."""
     with Client(server.endpoint) as client:
         client.send_messages(QUEUE, [Message(b"before")])
-        os.kill(server.pid, signal.SIGSTOP)  # the send reaches a server that cannot answer
-        errors: list[BaseException] = []
-
-        def send() -> None:
-            try:
-                client.send_messages(QUEUE, [Message(b"cut off", dedup_id=dedup_id)])
-            except BaseException as error:
-                errors.append(error)
-
-        sending = threading.Thread(target=send)
-        sending.start()
-        sending.join(timeout=1.0)
-        assert sending.is_alive(), "the send should be waiting for the stopped server"
-        server.kill()  # the connection drops with the call in flight
-        sending.join(timeout=30)
-        (error,) = errors
+        error = error_of_a_call_cut_off(
+            server, lambda: client.send_messages(QUEUE, [Message(b"cut off", dedup_id=dedup_id)])
+        )
         assert isinstance(error, OutcomeUnknown), repr(error)
 
 
