@@ -109,17 +109,17 @@ def _payload_bytes(messages: Sequence[Message]) -> int:
 def _coalescer_for(
     coalescers: dict[Key, Coalescer[Item, Result]],
     key: Key,
-    submit: Callable[[], Callable[[list[Item]], Awaitable[Sequence[Result]]]],
+    submit: Callable[[list[Item]], Awaitable[Sequence[Result]]],
     *,
     max_batch: int,
     max_in_flight: int,
 ) -> Coalescer[Item, Result]:
-    """`coalescers[key]`, made on first use with `submit()`. A shared unary request the
-    server refuses whole for what some of its calls hold goes again call by call."""
+    """`coalescers[key]`, made on first use with `submit`. A shared unary request the server
+    refuses whole for what some of its calls hold goes again call by call."""
     coalescer = coalescers.get(key)
     if coalescer is None:
         coalescer = coalescers[key] = Coalescer(
-            submit(), max_batch=max_batch, max_in_flight=max_in_flight, alone_on=_refused_whole_for_a_part
+            submit, max_batch=max_batch, max_in_flight=max_in_flight, alone_on=_refused_whole_for_a_part
         )
     return coalescer
 
@@ -497,7 +497,7 @@ class AsyncClient:
         return _coalescer_for(
             self._senders,
             (queue, address, shard, idempotent),
-            lambda: functools.partial(self._send_now, queue, address, shard, idempotent),
+            functools.partial(self._send_now, queue, address, shard, idempotent),
             max_batch=MAX_AUTO_BATCH,
             max_in_flight=MAX_BATCHES_IN_FLIGHT,
         )
@@ -601,7 +601,7 @@ class AsyncClient:
         return _coalescer_for(
             self._deleters,
             (queue, address),
-            lambda: functools.partial(self._delete_now, queue, address),
+            functools.partial(self._delete_now, queue, address),
             max_batch=MAX_ACK_BATCH,
             max_in_flight=MAX_ACKS_IN_FLIGHT,
         )
@@ -634,7 +634,7 @@ class AsyncClient:
         return _coalescer_for(
             self._visibility_changers,
             (queue, address),
-            lambda: functools.partial(self._change_visibility_now, queue, address),
+            functools.partial(self._change_visibility_now, queue, address),
             max_batch=MAX_RECEIVE_BATCH,
             max_in_flight=MAX_ACKS_IN_FLIGHT,
         )
