@@ -22,7 +22,7 @@ import grpc
 
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.channel_options import RESOLVE_AGAIN_WITHIN_HALF_A_SECOND
-from shardq.coalescing import Coalescer
+from shardq.coalescing import Coalescer, Item, Result
 from shardq.errors import InvalidArgument, NotLeader, OutcomeUnknown, QueueFull, ShardqError, Unavailable
 from shardq.queues import MAX_RECEIVE_BATCH
 from shardq.receipts import MalformedReceipt, decode_receipt
@@ -77,8 +77,6 @@ async def _connects_within(channel: grpc.aio.Channel, seconds: float) -> bool:
 
 
 Key = TypeVar("Key")
-Item = TypeVar("Item")
-Result = TypeVar("Result")
 
 # Transparent batching: how many single sends ride in one batch, and how many
 # batches per queue may be in flight before new sends wait to join the next.
@@ -97,13 +95,17 @@ MAX_ACKS_IN_FLIGHT = 2
 MAX_SHARED_SEND_BYTES = 64 * 1024
 
 
-def _payload_bytes(messages: Sequence[Message]) -> int:
+def _small_enough_to_share(messages: Sequence[Message]) -> bool:
+    """Whether the messages' bodies and attributes come to at most MAX_SHARED_SEND_BYTES;
+    stops counting once past it."""
     size = 0
     for message in messages:
         size += len(message.body) + len(message.group_id) + len(message.dedup_id)
         if message.attributes:
             size += sum(len(key.encode()) + len(value.encode()) for key, value in message.attributes.items())
-    return size
+        if size > MAX_SHARED_SEND_BYTES:
+            return False
+    return True
 
 
 def _coalescer_for(
@@ -472,7 +474,7 @@ class AsyncClient:
         # A repeated send stores nothing new only when every message has a dedup id; such
         # calls share requests only with each other, so they keep that guarantee.
         idempotent = all(message.dedup_id for message in messages)
-        if not messages or len(messages) > MAX_AUTO_BATCH or _payload_bytes(messages) > MAX_SHARED_SEND_BYTES:
+        if not messages or len(messages) > MAX_AUTO_BATCH or not _small_enough_to_share(messages):
             # Empty and long calls are refused or answered as sent; a large one gains nothing.
             return await self._send_now(queue, address, shard, idempotent, messages)
         return await self._sender(queue, address, shard, idempotent).add_many(messages)
