@@ -24,8 +24,9 @@ from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.channel_options import RESOLVE_AGAIN_WITHIN_HALF_A_SECOND
 from shardq.coalescing import Coalescer, Item, Result
 from shardq.errors import InvalidArgument, NotLeader, OutcomeUnknown, QueueFull, ShardqError, Unavailable
-from shardq.queues import MAX_RECEIVE_BATCH
+from shardq.queues import MAX_RECEIVE_BATCH, MAX_RECEIVE_SHARES
 from shardq.receipts import MalformedReceipt, decode_receipt
+from shardq.receive_shares import split_shares
 from shardq.routing import choose_shard
 from shardq.status import error_from_rpc, error_from_stream
 from shardq.types import (
@@ -89,6 +90,8 @@ DEFAULT_CALL_TIMEOUT_S = 30.0
 CONNECT_GRACE_S = 3.0
 MAX_ACK_BATCH = 1000
 MAX_ACKS_IN_FLIGHT = 2
+# Shared short polls (of up to MAX_RECEIVE_SHARES callers each) in flight at once per queue.
+MAX_RECEIVES_IN_FLIGHT = 4
 # A unary send shares a request with other callers' only when its bodies and attributes
 # come to at most this: MAX_AUTO_BATCH such messages stay well inside the server's
 # MAX_BATCH_BYTES, and a large send gains nothing from company.
@@ -115,13 +118,19 @@ def _coalescer_for(
     *,
     max_batch: int,
     max_in_flight: int,
+    unwanted: Callable[[list[Result]], None] | None = None,
 ) -> Coalescer[Item, Result]:
     """`coalescers[key]`, made on first use with `submit`. A shared unary request the server
-    refuses whole for what some of its calls hold goes again call by call."""
+    refuses whole for what some of its calls hold goes again call by call; `unwanted`
+    gets the answers of callers that gave up meanwhile."""
     coalescer = coalescers.get(key)
     if coalescer is None:
         coalescer = coalescers[key] = Coalescer(
-            submit, max_batch=max_batch, max_in_flight=max_in_flight, alone_on=_refused_whole_for_a_part
+            submit,
+            max_batch=max_batch,
+            max_in_flight=max_in_flight,
+            alone_on=_refused_whole_for_a_part,
+            unwanted=unwanted,
         )
     return coalescer
 
@@ -150,6 +159,10 @@ def send_results_from_proto(response: queue_pb2.SendMessagesResponse) -> list[Se
 
 
 def received_from_proto(response: queue_pb2.ReceiveMessagesResponse) -> list[ReceivedMessage]:
+    return received_from_messages(response.messages)
+
+
+def received_from_messages(messages: Iterable[queue_pb2.ReceivedMessage]) -> list[ReceivedMessage]:
     # Positional, and no dict() of an empty map: this runs for every message received.
     return [
         ReceivedMessage(
@@ -166,7 +179,7 @@ def received_from_proto(response: queue_pb2.ReceiveMessagesResponse) -> list[Rec
             m.shard,
             m.seq,
         )
-        for m in response.messages
+        for m in messages
     ]
 
 
@@ -281,6 +294,10 @@ class AsyncClient:
         # share one request.
         self._deleters: dict[tuple[str, str], Coalescer[str, EntryResult]] = {}
         self._visibility_changers: dict[tuple[str, str], Coalescer[tuple[str, int], EntryResult]] = {}
+        # Per (queue, visibility timeout): concurrent short polls share one request.
+        self._receivers: dict[tuple[str, int | None], Coalescer[int, list[ReceivedMessage]]] = {}
+        # Messages of shared receives whose callers gave up, on their way back to the queue.
+        self._giving_back: set[asyncio.Task[list[EntryResult]]] = set()
         self._route_directly = route_directly
         self._routes: dict[str, _QueueRoutes] = {}
         self._leader_channels: dict[str, grpc.aio.Channel] = {}
@@ -294,6 +311,8 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
+        if self._giving_back:  # before the channels close under them
+            await asyncio.wait(set(self._giving_back), timeout=5)
         if self._producer is not None:
             await self._producer.close()
             self._producer = None
@@ -562,7 +581,24 @@ class AsyncClient:
         visibility_timeout_ms: int | None = None,
         wait_time_ms: int = 0,
     ) -> list[ReceivedMessage]:
-        request = queue_pb2.ReceiveMessagesRequest(queue=queue, max_messages=max_messages, wait_time_ms=wait_time_ms)
+        """Claim up to `max_messages`, long-polling up to `wait_time_ms` for the first.
+
+        Concurrent short polls (`wait_time_ms` 0) of one queue with the same visibility
+        timeout share a request, as deletes do: the server claims each caller's share
+        as that caller's own receive would, in the same commits. Long polls go alone:
+        a shared one would hold every caller until the slowest share ended."""
+        if wait_time_ms == 0 and 1 <= max_messages <= MAX_RECEIVE_BATCH:
+            return await self._receiver(queue, visibility_timeout_ms).add(max_messages)
+        return (await self._receive_now(queue, visibility_timeout_ms, [max_messages], wait_time_ms=wait_time_ms))[0]
+
+    async def _receive_now(
+        self, queue: str, visibility_timeout_ms: int | None, shares: list[int], *, wait_time_ms: int = 0
+    ) -> list[list[ReceivedMessage]]:
+        """One receive request: a plain one for one caller, a shared one for several."""
+        if len(shares) == 1:
+            request = queue_pb2.ReceiveMessagesRequest(queue=queue, max_messages=shares[0], wait_time_ms=wait_time_ms)
+        else:
+            request = queue_pb2.ReceiveMessagesRequest(queue=queue, shares=shares)
         if visibility_timeout_ms is not None:
             request.visibility_timeout_ms = visibility_timeout_ms
         # The deadline leaves room for the server's long poll to end first.
@@ -576,7 +612,35 @@ class AsyncClient:
             leaders = sorted(set(routes.leaders) - {""})
             address = leaders[next(self._round_robin) % len(leaders)]
             response = await self._routed(queue, address, "ReceiveMessages", request, idempotent=True, timeout=timeout)
-        return received_from_proto(response)
+        if len(shares) == 1:
+            return [received_from_proto(response)]
+        return [received_from_messages(part) for part in split_shares(response, len(shares))]
+
+    def _receiver(self, queue: str, visibility_timeout_ms: int | None) -> Coalescer[int, list[ReceivedMessage]]:
+        return _coalescer_for(
+            self._receivers,
+            (queue, visibility_timeout_ms),
+            functools.partial(self._receive_now, queue, visibility_timeout_ms),
+            max_batch=MAX_RECEIVE_SHARES,
+            max_in_flight=MAX_RECEIVES_IN_FLIGHT,
+            unwanted=functools.partial(self._give_back, queue),
+        )
+
+    def _give_back(self, queue: str, parts: list[list[ReceivedMessage]]) -> None:
+        """Messages received for callers that gave up: visible again now, as the server
+        makes those of a cancelled receive, not at their visibility timeout. Best effort:
+        if this fails, they come back at the timeout anyway."""
+        changes = [(message.receipt, 0) for part in parts for message in part]
+        if not changes:
+            return
+        task = asyncio.get_running_loop().create_task(self.change_visibility(queue, changes))
+        self._giving_back.add(task)
+        task.add_done_callback(self._gave_back)
+
+    def _gave_back(self, task: asyncio.Task[list[EntryResult]]) -> None:
+        self._giving_back.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: the messages come back at their timeout instead
 
     async def delete_messages(self, queue: str, receipts: Sequence[str]) -> list[EntryResult]:
         """Delete by receipt; per-receipt results. Concurrent calls to one leader share a

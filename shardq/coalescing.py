@@ -25,6 +25,11 @@ invalid message, or more messages than a queue has room for. Given `alone_on`, a
 of several calls refused with such an error is sent again as one request per call, so
 each caller gets its own answer and the others are stored: a refused request stored
 nothing, so sending its parts again repeats nothing.
+
+A caller may give up (be cancelled) while its call waits in a shared request, which goes
+on for the others. Given `unwanted`, what that caller's part of the answer holds is
+handed to it: a receive's messages, claimed for nobody, go back to the queue at once
+instead of at their visibility timeout.
 """
 
 from __future__ import annotations
@@ -45,9 +50,11 @@ class Coalescer(Generic[Item, Result]):
         max_batch: int,
         max_in_flight: int,
         alone_on: Callable[[Exception], bool] | None = None,
+        unwanted: Callable[[list[Result]], None] | None = None,
     ) -> None:
         self._submit = submit
         self._alone_on = alone_on
+        self._unwanted = unwanted
         self._max_batch = max_batch
         self._max_in_flight = max_in_flight
         # One future per call's chunk, not per item: a future per item cost more
@@ -131,6 +138,9 @@ class Coalescer(Generic[Item, Result]):
         else:
             start = 0
             for chunk, future in batch:
+                part = list(results[start : start + len(chunk)])
                 if not future.done():
-                    future.set_result(list(results[start : start + len(chunk)]))
+                    future.set_result(part)
+                elif self._unwanted is not None:
+                    self._unwanted(part)  # its caller gave up while the request was out
                 start += len(chunk)

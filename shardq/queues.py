@@ -24,6 +24,9 @@ MAX_REPLICAS = 7
 MAX_MESSAGE_BYTES_CEILING = 16 * MIB
 MAX_RETENTION_MS = 366 * DAY_MS
 MAX_RECEIVE_BATCH = 1000
+# Receivers one shared short poll may carry (shardq.receive_shares): each share may
+# claim 1/n of what one receive may, so more would starve each other when messages are large.
+MAX_RECEIVE_SHARES = 16
 MAX_SEND_BATCH = 1000
 MAX_BATCH_BYTES = 48 * MIB
 MAX_ATTRIBUTES = 64

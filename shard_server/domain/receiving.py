@@ -71,11 +71,13 @@ def receive_messages(
     visibility_timeout_ms: int,
     now_ms: int,
     max_bytes: int | None = None,
+    strict_bytes: bool = False,
 ) -> ReceiveOutcome:
     """Claim up to max_messages eligible messages, oldest deadline first.
 
     `max_bytes` bounds what the claimed messages weigh together, so they fit
-    one response; the first message is claimed whatever its size.
+    one response; the first message is claimed whatever its size, unless
+    `strict_bytes` (then a message that does not fit ends the claim).
     """
     claimed: list[ClaimedMessage] = []
     claimed_bytes = 0
@@ -107,7 +109,7 @@ def receive_messages(
             if record is None:
                 continue
             size = message_size(record)
-            if max_bytes is not None and claimed and claimed_bytes + size > max_bytes:
+            if max_bytes is not None and (claimed or strict_bytes) and claimed_bytes + size > max_bytes:
                 return ReceiveOutcome(claimed, dead_lettered, claimed_bytes)  # full: it waits for the next receive
             claimed_bytes += size
             # Built directly rather than with dataclasses.replace: this is the hot path.

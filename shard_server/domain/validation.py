@@ -17,6 +17,7 @@ from shardq.queues import (
     MAX_BATCH_BYTES,
     MAX_ID_CHARS,
     MAX_RECEIVE_BATCH,
+    MAX_RECEIVE_SHARES,
     MAX_SEND_BATCH,
     MAX_WAIT_MS,
     QueueConfig,
@@ -132,6 +133,22 @@ def validate_receive(config: QueueConfig, *, max_messages: int, visibility_timeo
     if not 0 <= wait_ms <= MAX_WAIT_MS:
         raise InvalidArgument("wait_time_ms", f"must be 0s..{_shown(MAX_WAIT_MS)}, got {_shown(wait_ms)}")
     return resolve_visibility_timeout(config, "visibility_timeout_ms", visibility_timeout_ms)
+
+
+def validate_shares(shares: Sequence[int], *, max_messages: int, wait_ms: int, peek: bool) -> None:
+    """Check a shared short poll: one max_messages per receiver, nothing else that
+    would apply to all of them at once."""
+    if not 1 <= len(shares) <= MAX_RECEIVE_SHARES:
+        raise InvalidArgument("shares", f"at most {MAX_RECEIVE_SHARES} receivers share a request, got {len(shares)}")
+    if max_messages:
+        raise InvalidArgument("max_messages", "must be 0 with shares: each share is one receiver's max_messages")
+    if wait_ms:
+        raise InvalidArgument("wait_time_ms", "must be 0 with shares: a shared receive is a short poll")
+    if peek:
+        raise InvalidArgument("peek", "cannot be used with shares")
+    for position, wanted in enumerate(shares):
+        if not 1 <= wanted <= MAX_RECEIVE_BATCH:
+            raise InvalidArgument(f"shares[{position}]", f"must be 1..{MAX_RECEIVE_BATCH}, got {wanted}")
 
 
 def validate_receipts(field: str, receipts: Sequence[str]) -> None:

@@ -23,6 +23,7 @@ from shardq.coordination.cluster_map import ClusterMap, lease_name
 from shardq.coordination.leases import LeaseStore
 from shardq.coordination.placement import ShardId
 from shardq.errors import Reason
+from shardq.receive_shares import split_shares
 from shardq.status import build_error, error_from_rpc
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,21 @@ class LeaderCalls:
         except grpc.RpcError as error:
             raise error_from_rpc(error, queue=queue) from None
         return list(response.messages)
+
+    async def receive_shares(
+        self, leader: str, queue: str, shares: Sequence[int], *, visibility_timeout_ms: int, shard: int | None
+    ) -> list[list[queue_pb2.ReceivedMessage]]:
+        """What the leader claimed for each share of a shared short poll, in order."""
+        request = queue_pb2.ReceiveMessagesRequest(
+            queue=queue, shares=shares, visibility_timeout_ms=visibility_timeout_ms
+        )
+        if shard is not None:
+            request.shard = shard
+        try:
+            response = await self._stub(leader).ReceiveMessages(request, metadata=FORWARDED, timeout=10)
+        except grpc.RpcError as error:
+            raise error_from_rpc(error, queue=queue) from None
+        return split_shares(response, len(shares))
 
     async def delete_messages(self, leader: str, queue: str, receipts: Sequence[str]) -> list[Reason | None]:
         request = queue_pb2.DeleteMessagesRequest(queue=queue, receipts=receipts)

@@ -540,6 +540,64 @@ class HostedQueue:
                 forwarded=forwarded,
             )
 
+    async def receive_shares(
+        self, shares: Sequence[int], *, visibility_timeout_ms: int, shard: int | None = None, forwarded: bool = False
+    ) -> list[Received]:
+        """Several receivers' short polls at once (a client folding concurrent calls):
+        each share claims as a concurrent receive of its own would, and their claims
+        queue in the same loop turn, so they share batches and commits.
+
+        The response must stay as bounded as one receive's: each share may claim
+        RECEIVE_BYTES_BUDGET / len(shares) bytes, the first share passing it by at most
+        one message and the others never (a message too large for a share waits for
+        another receive). Shares claim from the shards led here; when none claimed
+        anything, the whole request goes to the other leaders in turn, each bounding
+        its answer alike.
+        """
+        with self.writers.calls:
+            if shard is not None and self.leader_here(shard) is None:
+                if forwarded or self.router is None:
+                    raise self.not_leader(shard)
+                leader, _ = self.router.leader_of(self.config.name, shard)
+                return await self._receive_shares_remote(leader, shares, visibility_timeout_ms, shard)
+            if self.closed:
+                raise QueueNotFound(self.config.name)
+            local = [s for s in self.shards if s.is_local_leader() and (shard is None or s.index == shard)]
+            budget = RECEIVE_BYTES_BUDGET // len(shares)
+            outcomes = await asyncio.gather(
+                *(
+                    self._claim_now(local, wanted, visibility_timeout_ms, max_bytes=budget, strict_bytes=position > 0)
+                    for position, wanted in enumerate(shares)
+                ),
+                return_exceptions=True,
+            )
+            claimed = [outcome if isinstance(outcome, list) else [] for outcome in outcomes]
+            if any(claimed):
+                # A share that failed claimed nothing (a claim lost after others succeeded
+                # returns what it has): its receiver gets nothing this time.
+                return [Received(messages, []) for messages in claimed]
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            if not forwarded and shard is None:
+                for leader in self.remote_leaders():
+                    try:
+                        remote = await self._receive_shares_remote(leader, shares, visibility_timeout_ms, None)
+                    except ShardqError:
+                        continue  # that leader is unreachable: the others may still serve
+                    if any(remote):
+                        return remote
+            return [Received([], []) for _ in shares]
+
+    async def _receive_shares_remote(
+        self, leader: str, shares: Sequence[int], visibility_timeout_ms: int, shard: int | None
+    ) -> list[Received]:
+        assert self.router is not None
+        parts = await self.router.calls.receive_shares(
+            leader, self.config.name, shares, visibility_timeout_ms=visibility_timeout_ms, shard=shard
+        )
+        return [Received([], part) for part in parts]
+
     async def _receive(
         self, *, max_messages: int, visibility_timeout_ms: int, wait_ms: int, shard: int | None, forwarded: bool
     ) -> Received:
@@ -628,8 +686,16 @@ class HostedQueue:
             return []  # that leader is unreachable: the others may still serve
 
     async def _claim_now(
-        self, shards: list[HostedShard], max_messages: int, visibility_timeout_ms: int
+        self,
+        shards: list[HostedShard],
+        max_messages: int,
+        visibility_timeout_ms: int,
+        *,
+        max_bytes: int = RECEIVE_BYTES_BUDGET,
+        strict_bytes: bool = False,
     ) -> list[tuple[HostedShard, ClaimedMessage]]:
+        """Claim up to `max_messages` from `shards` now. `strict_bytes`: never pass
+        `max_bytes`, not even by the first message (a share of a shared receive)."""
         if not shards:
             return []  # none led here (cluster mode): the caller asks their leaders
         now = wall_clock_ms()
@@ -657,7 +723,8 @@ class HostedQueue:
                     _claim,
                     max_messages=wanted,
                     visibility_timeout_ms=visibility_timeout_ms,
-                    max_bytes=RECEIVE_BYTES_BUDGET - claimed_bytes,
+                    max_bytes=max_bytes - claimed_bytes,
+                    strict_bytes=strict_bytes,
                 ),
                 answer_before_commit=receiving.newest_seq,
             )
@@ -687,7 +754,7 @@ class HostedQueue:
                 if redelivered:
                     shard.redelivered.inc(redelivered)
                 claimed.extend((shard, message) for message in outcome.claimed)
-            if len(claimed) >= max_messages or claimed_bytes >= RECEIVE_BYTES_BUDGET:
+            if len(claimed) >= max_messages or claimed_bytes >= max_bytes:
                 break
         return claimed
 
@@ -864,6 +931,7 @@ def _claim(
     max_messages: int,
     visibility_timeout_ms: int,
     max_bytes: int,
+    strict_bytes: bool,
 ) -> receiving.ReceiveOutcome:
     return receiving.receive_messages(
         tx,
@@ -872,6 +940,7 @@ def _claim(
         visibility_timeout_ms=visibility_timeout_ms,
         now_ms=now,
         max_bytes=max_bytes,
+        strict_bytes=strict_bytes,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -105,6 +106,16 @@ def _plain_frame() -> tuple[queue_pb2.ReceiveMessagesResponse, queue_pb2.Receive
 def received_to_proto(received: Received) -> queue_pb2.ReceiveMessagesResponse:
     frames = received_frames(received, max(len(received), 1), _plain_frame)
     return frames[0] if frames else queue_pb2.ReceiveMessagesResponse()
+
+
+def shared_received_to_proto(parts: Sequence[Received]) -> queue_pb2.ReceiveMessagesResponse:
+    """A shared receive's answer: every share's messages in order, and how many are whose."""
+    response = queue_pb2.ReceiveMessagesResponse()
+    for received in parts:
+        before = len(response.messages)
+        received_frames(received, sys.maxsize, lambda: (response, response))
+        response.share_counts.append(len(response.messages) - before)
+    return response
 
 
 _OK = queue_pb2.EntryResult(ok=True)

@@ -18,6 +18,7 @@ from shard_server.domain.validation import (
     validate_receipts,
     validate_receive,
     validate_release_reason,
+    validate_shares,
 )
 from shard_server.runtime import background
 from shard_server.runtime.committing import wall_clock_ms
@@ -32,6 +33,7 @@ from shard_server.service.converting import (
     received_frames,
     received_to_proto,
     send_response_to_proto,
+    shared_received_to_proto,
 )
 from shard_server.service.errors import abort_with, stream_error
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
@@ -144,6 +146,8 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         self, request: queue_pb2.ReceiveMessagesRequest, context: Context
     ) -> queue_pb2.ReceiveMessagesResponse:
         queue = self.host.get(request.queue)
+        if request.shares:
+            return await self._receive_shares(queue, request, context)
         visibility = validate_receive(
             queue.config,
             max_messages=request.max_messages,
@@ -167,6 +171,25 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             forwarded=is_forwarded(context),
         )
         return received_to_proto(received)
+
+    async def _receive_shares(
+        self, queue: HostedQueue, request: queue_pb2.ReceiveMessagesRequest, context: Context
+    ) -> queue_pb2.ReceiveMessagesResponse:
+        """Several receivers' short polls in one request (shardq.receive_shares)."""
+        shares = list(request.shares)
+        validate_shares(shares, max_messages=request.max_messages, wait_ms=request.wait_time_ms, peek=request.peek)
+        visibility = resolve_visibility_timeout(
+            queue.config,
+            "visibility_timeout_ms",
+            request.visibility_timeout_ms if request.HasField("visibility_timeout_ms") else None,
+        )
+        parts = await queue.receive_shares(
+            shares,
+            visibility_timeout_ms=visibility,
+            shard=_pinned_shard(request, queue.config.shards),
+            forwarded=is_forwarded(context),
+        )
+        return shared_received_to_proto(parts)
 
     @unary("DeleteMessages")
     async def DeleteMessages(

@@ -202,3 +202,26 @@ def test_full_batches_go_out_while_others_are_in_flight() -> None:
         assert sizes[-1] == (5, 1)
 
     asyncio.run(scenario())
+
+
+def test_the_answer_of_a_caller_that_gave_up_goes_to_unwanted() -> None:
+    """A caller cancelled while its call waits in a shared batch: the batch goes on for the
+    others, and that caller's part of the answer is handed to `unwanted` (for receives:
+    messages claimed for nobody), not dropped."""
+
+    async def scenario() -> None:
+        unwanted: list[list[str]] = []
+
+        async def submit(items: list[int]) -> list[str]:
+            await asyncio.sleep(0.002)
+            return [f"answer {item}" for item in items]
+
+        coalescer: Coalescer[int, str] = Coalescer(submit, max_batch=10, max_in_flight=1, unwanted=unwanted.append)
+        calls = [asyncio.create_task(coalescer.add(number)) for number in range(4)]
+        await asyncio.sleep(0)  # the first is out alone; the other three wait to share
+        calls[2].cancel()
+        answers = [await call for position, call in enumerate(calls) if position != 2]
+        assert answers == ["answer 0", "answer 1", "answer 3"]
+        assert unwanted == [["answer 2"]]
+
+    asyncio.run(scenario())

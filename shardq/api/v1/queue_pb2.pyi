@@ -277,6 +277,7 @@ class ReceiveMessagesRequest(_message.Message):
     WAIT_TIME_MS_FIELD_NUMBER: _builtins.int
     SHARD_FIELD_NUMBER: _builtins.int
     PEEK_FIELD_NUMBER: _builtins.int
+    SHARES_FIELD_NUMBER: _builtins.int
     queue: _builtins.str
     max_messages: _builtins.int
     visibility_timeout_ms: _builtins.int
@@ -289,6 +290,14 @@ class ReceiveMessagesRequest(_message.Message):
     """Look without claiming: the messages a receive would hand out now, without
     receipts; nothing changes (receive counts, visibility). No long polling.
     """
+    @_builtins.property
+    def shares(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Several receivers' short polls in one request (a client folding concurrent
+        calls): each entry is one receiver's max_messages, claimed as that many
+        concurrent receives would be, in one commit. With shares, max_messages is
+        0, wait_time_ms 0 and peek false.
+        """
+
     def __init__(
         self,
         *,
@@ -298,10 +307,11 @@ class ReceiveMessagesRequest(_message.Message):
         wait_time_ms: _builtins.int = ...,
         shard: _builtins.int | None = ...,
         peek: _builtins.bool = ...,
+        shares: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_shard", b"_shard", "_visibility_timeout_ms", b"_visibility_timeout_ms", "shard", b"shard", "visibility_timeout_ms", b"visibility_timeout_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_shard", b"_shard", "_visibility_timeout_ms", b"_visibility_timeout_ms", "max_messages", b"max_messages", "peek", b"peek", "queue", b"queue", "shard", b"shard", "visibility_timeout_ms", b"visibility_timeout_ms", "wait_time_ms", b"wait_time_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_shard", b"_shard", "_visibility_timeout_ms", b"_visibility_timeout_ms", "max_messages", b"max_messages", "peek", b"peek", "queue", b"queue", "shard", b"shard", "shares", b"shares", "visibility_timeout_ms", b"visibility_timeout_ms", "wait_time_ms", b"wait_time_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__shard: _TypeAlias = _typing.Literal["shard"]  # noqa: Y015
     _WhichOneofArgType__shard: _TypeAlias = _typing.Literal["_shard", b"_shard"]  # noqa: Y015
@@ -319,16 +329,22 @@ class ReceiveMessagesResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     MESSAGES_FIELD_NUMBER: _builtins.int
+    SHARE_COUNTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReceivedMessage]: ...
+    @_builtins.property
+    def share_counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """With shares: how many of `messages`, in order, each share received."""
+
     def __init__(
         self,
         *,
         messages: _abc.Iterable[Global___ReceivedMessage] | None = ...,
+        share_counts: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "share_counts", b"share_counts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,30 @@
+"""Shared short polls: several receivers' receives in one request.
+
+A client folding concurrent receives (wait 0) sends their max_messages as the
+request's `shares`; the server claims each share as a concurrent receive of its
+own would, in the same commits, and answers every share's messages in order with
+`share_counts` saying how many are whose. Client and server (forwarding to another
+leader) read the answer the same way.
+"""
+
+from __future__ import annotations
+
+from shardq.api.v1 import queue_pb2
+from shardq.errors import Reason, ShardqError
+
+
+def split_shares(response: queue_pb2.ReceiveMessagesResponse, shares: int) -> list[list[queue_pb2.ReceivedMessage]]:
+    """Each share's messages, in the order the shares were asked."""
+    counts = list(response.share_counts)
+    if len(counts) != shares or sum(counts) != len(response.messages):
+        raise ShardqError(
+            Reason.UNAVAILABLE,
+            f"a shared receive of {shares} shares was answered with share counts {counts} "
+            f"for {len(response.messages)} messages",
+        )
+    parts: list[list[queue_pb2.ReceivedMessage]] = []
+    start = 0
+    for count in counts:
+        parts.append(list(response.messages[start : start + count]))
+        start += count
+    return parts
