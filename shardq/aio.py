@@ -22,7 +22,7 @@ import grpc
 
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.channel_options import RESOLVE_AGAIN_WITHIN_HALF_A_SECOND
-from shardq.coalescing import Coalescer, Item, Result
+from shardq.coalescing import Coalescer, Item, Result, WokenTogether
 from shardq.errors import InvalidArgument, NotLeader, OutcomeUnknown, QueueFull, ShardqError, Unavailable
 from shardq.queues import MAX_RECEIVE_BATCH, MAX_RECEIVE_SHARES
 from shardq.receipts import MalformedReceipt, decode_receipt
@@ -118,6 +118,7 @@ def _coalescer_for(
     *,
     max_batch: int,
     max_in_flight: int,
+    woken: WokenTogether,
     unwanted: Callable[[list[Result]], None] | None = None,
 ) -> Coalescer[Item, Result]:
     """`coalescers[key]`, made on first use with `submit`. A shared unary request the server
@@ -131,6 +132,7 @@ def _coalescer_for(
             max_in_flight=max_in_flight,
             alone_on=_refused_whole_for_a_part,
             unwanted=unwanted,
+            woken=woken,
         )
     return coalescer
 
@@ -296,6 +298,9 @@ class AsyncClient:
         self._visibility_changers: dict[tuple[str, str], Coalescer[tuple[str, int], EntryResult]] = {}
         # Per (queue, visibility timeout): concurrent short polls share one request.
         self._receivers: dict[tuple[str, int | None], Coalescer[int, list[ReceivedMessage]]] = {}
+        # Shared by the unary batchers: callers one shared answer woke make their next
+        # calls (a receive answered, then a delete) together too.
+        self._woken = WokenTogether()
         # Messages of shared receives whose callers gave up, on their way back to the queue.
         self._giving_back: set[asyncio.Task[list[EntryResult]]] = set()
         self._route_directly = route_directly
@@ -521,6 +526,7 @@ class AsyncClient:
             functools.partial(self._send_now, queue, address, shard, idempotent),
             max_batch=MAX_AUTO_BATCH,
             max_in_flight=MAX_BATCHES_IN_FLIGHT,
+            woken=self._woken,
         )
 
     async def send_messages_streamed(self, queue: str, messages: Sequence[Message]) -> list[SendResult]:
@@ -623,6 +629,7 @@ class AsyncClient:
             functools.partial(self._receive_now, queue, visibility_timeout_ms),
             max_batch=MAX_RECEIVE_SHARES,
             max_in_flight=MAX_RECEIVES_IN_FLIGHT,
+            woken=self._woken,
             unwanted=functools.partial(self._give_back, queue),
         )
 
@@ -670,6 +677,7 @@ class AsyncClient:
             functools.partial(self._delete_now, queue, address),
             max_batch=MAX_ACK_BATCH,
             max_in_flight=MAX_ACKS_IN_FLIGHT,
+            woken=self._woken,
         )
 
     async def change_visibility(self, queue: str, changes: Sequence[tuple[str, int]]) -> list[EntryResult]:
@@ -703,6 +711,7 @@ class AsyncClient:
             functools.partial(self._change_visibility_now, queue, address),
             max_batch=MAX_RECEIVE_BATCH,
             max_in_flight=MAX_ACKS_IN_FLIGHT,
+            woken=self._woken,
         )
 
     async def release_messages(self, queue: str, receipts: Sequence[str], *, reason: str = "") -> list[EntryResult]:

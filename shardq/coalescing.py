@@ -7,7 +7,8 @@ nothing is in flight or waiting goes out at once, from the caller's own task:
 there is nothing to share a batch with, and waiting for the next loop turn and
 a task of its own would only add latency. Used for single sends and batches onto
 the producer stream, for acknowledgements on the consumer stream, and for unary
-sends and deletes: the server's cost is per request far more than per message.
+sends, deletes, visibility changes and short polls: the server's cost is per request
+far more than per message.
 
 A batch that is not full waits while another is in flight (as Nagle's algorithm
 holds a small TCP segment), and the next batch forms at the end of the loop turn
@@ -26,6 +27,15 @@ of several calls refused with such an error is sent again as one request per cal
 each caller gets its own answer and the others are stored: a refused request stored
 nothing, so sending its parts again repeats nothing.
 
+Callers woken together by one batch's answers often call again together, on another
+batcher: four workers' shared receive answered, each deletes. Each batcher sends a call
+alone when nothing of its own is out, so the first of them went out alone and the
+rest together behind it. Batchers sharing a `WokenTogether` hold calls made while a
+shared answer's callers are still running (to the end of that loop turn), so those
+callers' next calls share one request. Workers that split into groups stay split (a
+group answered alone wakes no one else), but into fewer: four workers draining a queue
+made two receive and two delete requests a round instead of three of each.
+
 A caller may give up (be cancelled) while its call waits in a shared request, which goes
 on for the others. Given `unwanted`, what that caller's part of the answer holds is
 handed to it: a receive's messages, claimed for nobody, go back to the queue at once
@@ -42,6 +52,23 @@ Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 
+class WokenTogether:
+    """Whether callers woken together by one batch's answers may still be making their
+    next calls: from the answers until the end of that loop turn (event loop only)."""
+
+    def __init__(self) -> None:
+        self.active = False
+
+    def mark(self) -> None:
+        """Several callers were just answered: their tasks run next, then this clears."""
+        if not self.active:
+            self.active = True
+            asyncio.get_running_loop().call_soon(self._clear)
+
+    def _clear(self) -> None:
+        self.active = False
+
+
 class Coalescer(Generic[Item, Result]):
     def __init__(
         self,
@@ -51,8 +78,10 @@ class Coalescer(Generic[Item, Result]):
         max_in_flight: int,
         alone_on: Callable[[Exception], bool] | None = None,
         unwanted: Callable[[list[Result]], None] | None = None,
+        woken: WokenTogether | None = None,
     ) -> None:
         self._submit = submit
+        self._woken = woken
         self._alone_on = alone_on
         self._unwanted = unwanted
         self._max_batch = max_batch
@@ -75,7 +104,7 @@ class Coalescer(Generic[Item, Result]):
         return [result for part in parts for result in part]
 
     async def _run(self, chunk: list[Item]) -> list[Result]:
-        if self._in_flight or self._pending or self._flush_scheduled:
+        if self._in_flight or self._pending or self._flush_scheduled or (self._woken and self._woken.active):
             return await self._enqueue(chunk)
         # Alone: submitted now, in this task. Calls arriving meanwhile queue for the next batch.
         self._in_flight += 1
@@ -144,3 +173,6 @@ class Coalescer(Generic[Item, Result]):
                 elif self._unwanted is not None:
                     self._unwanted(part)  # its caller gave up while the request was out
                 start += len(chunk)
+            if len(batch) > 1 and self._woken is not None:
+                # After the answers: it clears once the tasks they woke have run.
+                self._woken.mark()

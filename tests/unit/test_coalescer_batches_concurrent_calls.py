@@ -4,10 +4,11 @@ hands every caller exactly its own results in order, and fails a batch's callers
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 
-from shardq.coalescing import Coalescer
+from shardq.coalescing import Coalescer, WokenTogether
 
 
 class Recorder:
@@ -225,3 +226,38 @@ def test_the_answer_of_a_caller_that_gave_up_goes_to_unwanted() -> None:
         assert unwanted == [["answer 2"]]
 
     asyncio.run(scenario())
+
+
+def test_callers_woken_together_make_their_next_calls_together_on_another_batcher() -> None:
+    """Four workers, each receiving then deleting, on two batchers sharing a WokenTogether:
+    the callers one shared answer woke make their next call, on the other batcher, in one
+    batch. The first worker, answered alone, stays a group of its own: two batches a round
+    on each batcher. Without it the first of the woken callers went out alone every time,
+    and the workers fell into three groups."""
+
+    async def scenario(woken: WokenTogether | None) -> tuple[list[int], list[int]]:
+        receives: list[int] = []
+        deletes: list[int] = []
+
+        def recording(sizes: list[int]) -> Callable[[list[int]], Awaitable[list[int]]]:
+            async def submit(items: list[int]) -> list[int]:
+                sizes.append(len(items))
+                for _ in range(3):  # a round trip of a few loop turns: no timers, so no ties
+                    await asyncio.sleep(0)
+                return items
+
+            return submit
+
+        receiver: Coalescer[int, int] = Coalescer(recording(receives), max_batch=16, max_in_flight=4, woken=woken)
+        deleter: Coalescer[int, int] = Coalescer(recording(deletes), max_batch=16, max_in_flight=4, woken=woken)
+
+        async def worker(number: int) -> None:
+            for _ in range(6):
+                await receiver.add(number)
+                await deleter.add(number)
+
+        await asyncio.gather(*(worker(number) for number in range(4)))
+        return receives, deletes
+
+    assert asyncio.run(scenario(WokenTogether())) == ([1, 3] * 6, [1, 3] * 6)
+    assert asyncio.run(scenario(None)) == ([1, 3] + [1, 1, 2] * 5, [1, 1, 2] * 6)
