@@ -111,32 +111,6 @@ def _small_enough_to_share(messages: Sequence[Message]) -> bool:
     return True
 
 
-def _coalescer_for(
-    coalescers: dict[Key, Coalescer[Item, Result]],
-    key: Key,
-    submit: Callable[[list[Item]], Awaitable[Sequence[Result]]],
-    *,
-    max_batch: int,
-    max_in_flight: int,
-    woken: WokenTogether,
-    unwanted: Callable[[list[Result]], None] | None = None,
-) -> Coalescer[Item, Result]:
-    """`coalescers[key]`, made on first use with `submit`. A shared unary request the server
-    refuses whole for what some of its calls hold goes again call by call; `unwanted`
-    gets the answers of callers that gave up meanwhile."""
-    coalescer = coalescers.get(key)
-    if coalescer is None:
-        coalescer = coalescers[key] = Coalescer(
-            submit,
-            max_batch=max_batch,
-            max_in_flight=max_in_flight,
-            alone_on=_refused_whole_for_a_part,
-            unwanted=unwanted,
-            woken=woken,
-        )
-    return coalescer
-
-
 def _refused_whole_for_a_part(error: Exception) -> bool:
     """Whether the server refused a whole request, storing nothing, for what some of its
     parts alone may not share: one invalid message or timeout (INVALID_ARGUMENT), or more
@@ -161,10 +135,6 @@ def send_results_from_proto(response: queue_pb2.SendMessagesResponse) -> list[Se
 
 
 def received_from_proto(response: queue_pb2.ReceiveMessagesResponse) -> list[ReceivedMessage]:
-    return received_from_messages(response.messages)
-
-
-def received_from_messages(messages: Iterable[queue_pb2.ReceivedMessage]) -> list[ReceivedMessage]:
     # Positional, and no dict() of an empty map: this runs for every message received.
     return [
         ReceivedMessage(
@@ -181,7 +151,7 @@ def received_from_messages(messages: Iterable[queue_pb2.ReceivedMessage]) -> lis
             m.shard,
             m.seq,
         )
-        for m in messages
+        for m in response.messages
     ]
 
 
@@ -324,6 +294,32 @@ class AsyncClient:
         for channel in self._leader_channels.values():
             await channel.close()
         await self._channel.close()
+
+    def _coalescer_for(
+        self,
+        coalescers: dict[Key, Coalescer[Item, Result]],
+        key: Key,
+        submit: Callable[[list[Item]], Awaitable[Sequence[Result]]],
+        *,
+        max_batch: int,
+        max_in_flight: int,
+        unwanted: Callable[[list[Result]], None] | None = None,
+    ) -> Coalescer[Item, Result]:
+        """`coalescers[key]`, made on first use with `submit`. A shared unary request the
+        server refuses whole for what some of its calls hold goes again call by call;
+        `unwanted` gets the answers of callers that gave up meanwhile; every unary batcher
+        shares the client's WokenTogether."""
+        coalescer = coalescers.get(key)
+        if coalescer is None:
+            coalescer = coalescers[key] = Coalescer(
+                submit,
+                max_batch=max_batch,
+                max_in_flight=max_in_flight,
+                alone_on=_refused_whole_for_a_part,
+                unwanted=unwanted,
+                woken=self._woken,
+            )
+        return coalescer
 
     # -- routing ---------------------------------------------------------------------
     async def _routes_for(self, queue: str) -> _QueueRoutes | None:
@@ -520,13 +516,12 @@ class AsyncClient:
     def _sender(
         self, queue: str, address: str | None, shard: int | None, idempotent: bool
     ) -> Coalescer[Message, SendResult]:
-        return _coalescer_for(
+        return self._coalescer_for(
             self._senders,
             (queue, address, shard, idempotent),
             functools.partial(self._send_now, queue, address, shard, idempotent),
             max_batch=MAX_AUTO_BATCH,
             max_in_flight=MAX_BATCHES_IN_FLIGHT,
-            woken=self._woken,
         )
 
     async def send_messages_streamed(self, queue: str, messages: Sequence[Message]) -> list[SendResult]:
@@ -618,18 +613,16 @@ class AsyncClient:
             leaders = sorted(set(routes.leaders) - {""})
             address = leaders[next(self._round_robin) % len(leaders)]
             response = await self._routed(queue, address, "ReceiveMessages", request, idempotent=True, timeout=timeout)
-        if len(shares) == 1:
-            return [received_from_proto(response)]
-        return [received_from_messages(part) for part in split_shares(response, len(shares))]
+        received = received_from_proto(response)
+        return [received] if len(shares) == 1 else split_shares(response, received, len(shares))
 
     def _receiver(self, queue: str, visibility_timeout_ms: int | None) -> Coalescer[int, list[ReceivedMessage]]:
-        return _coalescer_for(
+        return self._coalescer_for(
             self._receivers,
             (queue, visibility_timeout_ms),
             functools.partial(self._receive_now, queue, visibility_timeout_ms),
             max_batch=MAX_RECEIVE_SHARES,
             max_in_flight=MAX_RECEIVES_IN_FLIGHT,
-            woken=self._woken,
             unwanted=functools.partial(self._give_back, queue),
         )
 
@@ -671,13 +664,12 @@ class AsyncClient:
         )
 
     def _deleter(self, queue: str, address: str) -> Coalescer[str, EntryResult]:
-        return _coalescer_for(
+        return self._coalescer_for(
             self._deleters,
             (queue, address),
             functools.partial(self._delete_now, queue, address),
             max_batch=MAX_ACK_BATCH,
             max_in_flight=MAX_ACKS_IN_FLIGHT,
-            woken=self._woken,
         )
 
     async def change_visibility(self, queue: str, changes: Sequence[tuple[str, int]]) -> list[EntryResult]:
@@ -705,13 +697,12 @@ class AsyncClient:
         )
 
     def _visibility_changer(self, queue: str, address: str) -> Coalescer[tuple[str, int], EntryResult]:
-        return _coalescer_for(
+        return self._coalescer_for(
             self._visibility_changers,
             (queue, address),
             functools.partial(self._change_visibility_now, queue, address),
             max_batch=MAX_RECEIVE_BATCH,
             max_in_flight=MAX_ACKS_IN_FLIGHT,
-            woken=self._woken,
         )
 
     async def release_messages(self, queue: str, receipts: Sequence[str], *, reason: str = "") -> list[EntryResult]:

@@ -9,22 +9,27 @@ leader) read the answer the same way.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TypeVar
+
 from shardq.api.v1 import queue_pb2
 from shardq.errors import Reason, ShardqError
 
+T = TypeVar("T")
 
-def split_shares(response: queue_pb2.ReceiveMessagesResponse, shares: int) -> list[list[queue_pb2.ReceivedMessage]]:
-    """Each share's messages, in the order the shares were asked."""
+
+def split_shares(response: queue_pb2.ReceiveMessagesResponse, messages: Sequence[T], shares: int) -> list[list[T]]:
+    """`messages` (the response's, as protos or as the caller converted them) by share, in
+    the order the shares were asked."""
     counts = list(response.share_counts)
-    if len(counts) != shares or sum(counts) != len(response.messages):
+    if len(counts) != shares or sum(counts) != len(messages):
         raise ShardqError(
             Reason.UNAVAILABLE,
-            f"a shared receive of {shares} shares was answered with share counts {counts} "
-            f"for {len(response.messages)} messages",
+            f"a shared receive of {shares} shares was answered with share counts {counts} for {len(messages)} messages",
         )
-    parts: list[list[queue_pb2.ReceivedMessage]] = []
+    parts: list[list[T]] = []
     start = 0
     for count in counts:
-        parts.append(list(response.messages[start : start + count]))
+        parts.append(list(messages[start : start + count]))
         start += count
     return parts

@@ -185,7 +185,7 @@ class LeaderCalls:
             response = await self._stub(leader).ReceiveMessages(request, metadata=FORWARDED, timeout=10)
         except grpc.RpcError as error:
             raise error_from_rpc(error, queue=queue) from None
-        return split_shares(response, len(shares))
+        return split_shares(response, response.messages, len(shares))
 
     async def delete_messages(self, leader: str, queue: str, receipts: Sequence[str]) -> list[Reason | None]:
         request = queue_pb2.DeleteMessagesRequest(queue=queue, receipts=receipts)

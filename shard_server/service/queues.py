@@ -69,6 +69,11 @@ def _pinned_shard(request: queue_pb2.SendMessagesRequest | queue_pb2.ReceiveMess
     return request.shard
 
 
+def _visibility_asked(request: queue_pb2.ReceiveMessagesRequest) -> int | None:
+    """The request's visibility timeout, None when unset (the queue's then applies)."""
+    return request.visibility_timeout_ms if request.HasField("visibility_timeout_ms") else None
+
+
 def _unsent_receipts(outgoing: asyncio.Queue[queue_pb2.ConsumeResponse | ShardqError | None]) -> list[str]:
     receipts: list[str] = []
     while not outgoing.empty():
@@ -151,9 +156,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         visibility = validate_receive(
             queue.config,
             max_messages=request.max_messages,
-            visibility_timeout_ms=(
-                request.visibility_timeout_ms if request.HasField("visibility_timeout_ms") else None
-            ),
+            visibility_timeout_ms=_visibility_asked(request),
             wait_ms=request.wait_time_ms,
         )
         if request.peek:
@@ -178,11 +181,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         """Several receivers' short polls in one request (shardq.receive_shares)."""
         shares = list(request.shares)
         validate_shares(shares, max_messages=request.max_messages, wait_ms=request.wait_time_ms, peek=request.peek)
-        visibility = resolve_visibility_timeout(
-            queue.config,
-            "visibility_timeout_ms",
-            request.visibility_timeout_ms if request.HasField("visibility_timeout_ms") else None,
-        )
+        visibility = resolve_visibility_timeout(queue.config, "visibility_timeout_ms", _visibility_asked(request))
         parts = await queue.receive_shares(
             shares,
             visibility_timeout_ms=visibility,
