@@ -262,3 +262,29 @@ def test_messages_of_a_caller_that_gave_up_go_back_to_the_queue_at_once(server: 
     assert len(back) == 3, f"the cancelled caller's messages did not come back: {back}"
     assert not kept_bodies & set(back)
     assert kept_bodies | set(back) == {b"m%02d" % n for n in range(12)}
+
+
+def test_shared_receives_cancelled_mid_call_never_take_the_server_down(server: ServerProcess) -> None:
+    """Clients that hang up on shared receives at every point of the call: the server
+    keeps serving, and every message is still stored (claimed, given back or visible)."""
+    with Client(server.endpoint) as client:
+        client.send_messages(QUEUE, [Message(b"m%03d" % n) for n in range(200)])
+
+    async def hang_up_repeatedly() -> None:
+        async with grpc.aio.insecure_channel(server.endpoint) as channel:
+            stub = queue_pb2_grpc.QueueServiceStub(channel)
+            for attempt in range(20):  # 120 messages asked at most: some stay visible whatever happens
+                call = stub.ReceiveMessages(
+                    queue_pb2.ReceiveMessagesRequest(queue=QUEUE, shares=[2, 2, 2], visibility_timeout_ms=HIDDEN_MS)
+                )
+                await asyncio.sleep(attempt % 4 * 0.0005)  # at once, or a little into the call
+                call.cancel()
+                with contextlib.suppress(asyncio.CancelledError, grpc.RpcError):
+                    await call
+
+    asyncio.run(asyncio.wait_for(hang_up_repeatedly(), timeout=60))
+    assert server.process is not None
+    assert server.process.poll() is None, "the server died"
+    with Client(server.endpoint) as client:
+        assert stored_count(client, QUEUE) == 200
+        assert client.receive_messages(QUEUE, max_messages=1), "the server no longer hands out messages"
