@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import pathlib
 import signal
@@ -17,9 +18,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from shard_server import metrics
-from shard_server.runtime.committing import wall_clock_ms
+from shard_server.runtime.committing import CallsInProgress, wall_clock_ms
 from shard_server.runtime.forwarding import Router
 from shard_server.runtime.hosting import QueueHost
+from shard_server.runtime.idle_polling import IdlePolling, cpus_to_spin_on
 from shard_server.runtime.map_following import ClusterMapFile, ClusterMapFollower, MapSource
 from shard_server.runtime.queue_admin import QueueAdmin, runtime_configs
 from shard_server.runtime.readiness import announce_ready, report_ready_once_in_sync
@@ -78,6 +80,10 @@ class ServerSettings:
     # Cluster mode: how long a starting server waits for its replicas to be in sync
     # before it reports ready anyway (0: ready at once); see runtime.readiness.
     sync_before_ready_s: float = 120.0
+    # Idle polling (runtime.idle_polling): how long after each answer this machine's
+    # CPUs are kept from going idle (0: off), and on how many CPUs (None: all allowed).
+    idle_poll_ms: float = 0.0
+    idle_poll_cpus: int | None = None
 
 
 def _can_bind(settings: ServerSettings) -> bool:
@@ -91,6 +97,10 @@ def _can_bind(settings: ServerSettings) -> bool:
     except OSError:
         return False
     return True
+
+
+def _keep_cpus_awake(idle_polling: IdlePolling, calls: CallsInProgress) -> None:
+    idle_polling.called(calls.count)
 
 
 async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) -> None:
@@ -129,8 +139,16 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         server_id=settings.server_id,
         router=router,
     )
+    idle_polling = None
+    on_answer = None
+    if settings.idle_poll_ms > 0:
+        idle_polling = IdlePolling(settings.idle_poll_ms, cpus_to_spin_on(settings.idle_poll_cpus))
+        on_answer = functools.partial(_keep_cpus_awake, idle_polling, host.writers.calls)
     server = grpc.aio.server(
-        interceptors=[ObservingInterceptor(), RejectingUndecodable()],
+        interceptors=[
+            ObservingInterceptor(on_answer=on_answer),
+            RejectingUndecodable(),
+        ],
         options=[
             ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
@@ -242,6 +260,9 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         )
     else:
         await announce_ready(health_servicer)
+    if idle_polling is not None:
+        idle_polling.start()
+        log.info("idle polling: spinners on CPUs %s, %g ms after each answer", idle_polling.cpus, settings.idle_poll_ms)
     try:
         await stop.wait()
     finally:
@@ -268,4 +289,6 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         if metrics_server is not None:
             metrics_server.shutdown()
             metrics_server.server_close()
+        if idle_polling is not None:
+            idle_polling.close()
         log.info("stopped")
