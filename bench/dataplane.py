@@ -111,6 +111,25 @@ def process_cpu_seconds(pid: int) -> float:
     return (utime + stime) / os.sysconf("SC_CLK_TCK")
 
 
+def child_pids(pid: int) -> list[int]:
+    """The processes `pid` started and still runs (a server's idle-polling spinners)."""
+    children: list[int] = []
+    for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+            children.extend(int(child) for child in (task / "children").read_text().split())
+    return children
+
+
+def children_cpu_seconds(pid: int) -> float:
+    """CPU of the processes `pid` runs now: the spinners' CPU is the price of idle polling,
+    and a server's own figure would leave it out."""
+    total = 0.0
+    for child in child_pids(pid):
+        with contextlib.suppress(FileNotFoundError):
+            total += process_cpu_seconds(child)
+    return total
+
+
 def own_cpu_seconds() -> float:
     """CPU of this process, every thread included (gRPC's core threads too)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -145,19 +164,24 @@ class Meter:
     started: float = 0.0
     client_cpu_start: float = 0.0
     server_cpu_start: float = 0.0
+    children_cpu_start: float = 0.0
     elapsed_s: float = 0.0
     client_cpu_s: float = 0.0
     server_cpu_s: float = 0.0
+    # The server's child processes (idle-polling spinners), apart from its own figure.
+    children_cpu_s: float = 0.0
 
     def start(self) -> None:
         self.client_cpu_start = own_cpu_seconds()
         self.server_cpu_start = process_cpu_seconds(self.server_pid)
+        self.children_cpu_start = children_cpu_seconds(self.server_pid)
         self.started = time.perf_counter()
 
     def stop(self, finished_at: float | None = None) -> None:
         self.elapsed_s = (finished_at or time.perf_counter()) - self.started
         self.client_cpu_s = own_cpu_seconds() - self.client_cpu_start
         self.server_cpu_s = process_cpu_seconds(self.server_pid) - self.server_cpu_start
+        self.children_cpu_s = children_cpu_seconds(self.server_pid) - self.children_cpu_start
 
     def report(self, messages: int) -> dict[str, Any]:
         per_message = 1e6 / messages if messages else 0.0
@@ -168,6 +192,7 @@ class Meter:
             "client_cpu_s": round(self.client_cpu_s, 3),
             "server_cpu_us_per_msg": round(self.server_cpu_s * per_message, 2),
             "client_cpu_us_per_msg": round(self.client_cpu_s * per_message, 2),
+            "spinner_cpu_us_per_msg": round(self.children_cpu_s * per_message, 2),
         }
 
 

@@ -125,13 +125,15 @@ def summarize(
     result["operations"] = operations
     result["server_cpu_us_per_call"] = report["server_cpu_us_per_msg"]
     result["client_cpu_us_per_call"] = report["client_cpu_us_per_msg"]
+    result["spinner_cpu_us_per_call"] = report["spinner_cpu_us_per_msg"]
     if name.startswith("worker"):
         # Per message, not per call: what a worker loop delivers.
         result["messages_per_s"] = round(operations / meter.elapsed_s, 1) if meter.elapsed_s > 0 else 0.0
     print(
         f"[latency] C={concurrency:<3} {name:<17} {result['calls_per_s']:>9.1f}/s  "
         f"p50 {result.get('p50_ms', 0):7.2f} ms  p99 {result.get('p99_ms', 0):7.2f} ms  "
-        f"p99.9 {result.get('p999_ms', 0):7.2f} ms  server {result['server_cpu_us_per_call']:7.0f} us/call",
+        f"p99.9 {result.get('p999_ms', 0):7.2f} ms  server {result['server_cpu_us_per_call']:7.0f} us/call"
+        + (f" + spinners {result['spinner_cpu_us_per_call']:.0f}" if result["spinner_cpu_us_per_call"] else ""),
         file=sys.stderr,
         flush=True,
     )

@@ -30,7 +30,14 @@ import tempfile
 from typing import Any
 
 HERE = pathlib.Path(__file__).resolve().parent
-FIGURES = ("p50_ms", "p99_ms", "calls_per_s", "server_cpu_us_per_call", "client_cpu_us_per_call")
+FIGURES = (
+    "p50_ms",
+    "p99_ms",
+    "calls_per_s",
+    "server_cpu_us_per_call",
+    "client_cpu_us_per_call",
+    "spinner_cpu_us_per_call",
+)
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -139,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"[latency-ab] C={row['concurrency']:<3} {row['phase']:17} p50 {before.get('p50_ms', 0):7.2f} -> "
             f"{after.get('p50_ms', 0):7.2f} ms   server {before['server_cpu_us_per_call']:6.0f} -> "
-            f"{after['server_cpu_us_per_call']:6.0f} us/call",
+            f"{after['server_cpu_us_per_call']:6.0f} us/call   spinners "
+            f"{before.get('spinner_cpu_us_per_call', 0):6.0f} -> "
+            f"{after.get('spinner_cpu_us_per_call', 0):6.0f} us/call",
             file=sys.stderr,
         )
     report = {
