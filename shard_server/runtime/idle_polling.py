@@ -41,7 +41,7 @@ NAP_S = 0.0005
 QUIET_NAP_S = 0.02
 QUIET_AFTER_NS = 1_000_000_000
 # With more calls than this in progress the CPUs do not go idle anyway, and spinners
-# only take turns with the server's threads (measured: 10-35% slower at 64 in flight):
+# only take turns with the server's threads (measured: 9-47% slower at 64 in flight):
 # answers then leave the deadline where it is.
 SPIN_UP_TO_CALLS = 4
 
