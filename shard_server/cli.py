@@ -11,7 +11,7 @@ import click
 import yaml
 
 from shard_server.logs import configure_logging
-from shard_server.runtime.idle_polling import cpus_to_spin_on
+from shard_server.runtime.idle_polling import MAX_WINDOW_MS, cpus_to_spin_on
 from shard_server.server import ServerSettings, serve
 from shardq import event_loops
 from shardq.coordination.cluster_map import cluster_map_from_text, read_cluster_map
@@ -165,10 +165,12 @@ def serve_command(
             idle_poll_ms = parse_duration_ms(idle_poll)
         except ValueError as error:
             raise ValueError(f"--idle-poll: {error}") from None
-        if idle_poll_cpus is not None:
-            if not idle_poll_ms:
-                raise ValueError("--idle-poll-cpus goes with --idle-poll")
-            cpus_to_spin_on(idle_poll_cpus)  # more CPUs than this server may use: said now, not at start
+        if idle_poll_ms:
+            if idle_poll_ms > MAX_WINDOW_MS:
+                raise ValueError(f"--idle-poll: at most {MAX_WINDOW_MS}ms (calls further apart gain nothing)")
+            cpus_to_spin_on(idle_poll_cpus)  # no Linux, or more CPUs than this server may use: said now
+        elif idle_poll_cpus is not None:
+            raise ValueError("--idle-poll-cpus goes with --idle-poll")
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     if cluster is not None and (not server_id or lease_store is None):

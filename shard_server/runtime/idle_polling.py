@@ -4,8 +4,10 @@ On a virtual machine whose CPUs halt when idle (a Firecracker guest with halt
 polling off, as the benchmark machine is), waking a halted CPU goes through the
 hypervisor. One call with nothing else in flight wakes CPUs several times: the
 request's arrival, gRPC's threads handing it to the event loop, the commit, the
-answer. Measured here, a bare gRPC call takes 0.36-0.40 ms with every CPU kept
-busy by an idle-priority loop and 0.77-0.86 ms without (README, Latency).
+answer. Measured here, a bare gRPC call on gRPC's default I/O took 0.36-0.40 ms
+with every CPU kept busy by an idle-priority loop and 0.77-0.86 ms without; on the
+completion-queue I/O shardq's servers use, 0.33-0.35 against 0.44-0.46 ms. With
+shardq's calls the gain ran from nothing to a quarter (README, Latency).
 
 With idle polling on, the server starts one spinner process per CPU it may run
 on. A spinner runs at SCHED_IDLE, the lowest priority Linux has: any other
@@ -14,7 +16,8 @@ time that would otherwise be idle. It spins while the deadline the server
 wrote (shared memory, one CLOCK_MONOTONIC nanosecond count) is in the future,
 and naps otherwise; each answered call or stream frame moves the deadline
 `window` ahead. So a server with calls arriving keeps its CPUs awake, and one
-left alone goes quiet `window` after its last call.
+left alone goes quiet `window` after its last call. With more than a few calls in
+progress answers leave the deadline alone: the CPUs are busy anyway.
 
 The price is CPU: while calls keep coming, every spinner's CPU shows as busy,
 and a container's CPU limit counts it (there, spinners eat the quota the
@@ -46,12 +49,19 @@ QUIET_AFTER_NS = 1_000_000_000
 SPIN_UP_TO_CALLS = 4
 
 
+# A spinner notices its server is gone only between spins: a longer window would let it
+# outlive a killed server by that long, and calls further apart gain nothing from it.
+MAX_WINDOW_MS = 1000
+
+
 class IdlePolling:
     """The spinners of one server and the deadline they spin to (event loop only)."""
 
     def __init__(self, window_ms: float, cpus: Sequence[int]) -> None:
-        if window_ms <= 0:
-            raise ValueError(f"the idle polling window must be positive, got {window_ms} ms")
+        if not 0 < window_ms <= MAX_WINDOW_MS:
+            raise ValueError(
+                f"the idle polling window must be above 0 and at most {MAX_WINDOW_MS} ms, got {window_ms} ms"
+            )
         if not cpus:
             raise ValueError("idle polling needs at least one CPU to spin on")
         self._window_ns = int(window_ms * 1_000_000)
@@ -98,6 +108,8 @@ class IdlePolling:
 
 def cpus_to_spin_on(count: int | None) -> list[int]:
     """The first `count` CPUs this process may run on (None: all of them)."""
+    if not hasattr(os, "SCHED_IDLE") or not hasattr(os, "memfd_create"):
+        raise ValueError("idle polling needs Linux (SCHED_IDLE and memfd_create)")
     allowed = sorted(os.sched_getaffinity(0))
     if count is None:
         return allowed

@@ -102,6 +102,7 @@ def test_a_server_with_idle_polling_serves_and_takes_its_spinners_with_it(tmp_pa
         (["--idle-poll-cpus", "1"], "--idle-poll-cpus goes with --idle-poll"),
         (["--idle-poll", "2ms", "--idle-poll-cpus", "4096"], "idle polling CPUs must be between 1 and"),
         (["--idle-poll", "soon"], "--idle-poll:"),
+        (["--idle-poll", "5s"], "--idle-poll: at most 1000ms"),
     ],
 )
 def test_bad_idle_polling_options_are_refused_by_name(tmp_path: pathlib.Path, arguments: list[str], said: str) -> None:
