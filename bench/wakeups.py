@@ -42,11 +42,6 @@ WARM_UP_CALLS = 300
 SERVICE = "bench.Echo"
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def halt_polling() -> str:
     """The guest's halt polling setting, where the kernel has it (0: idle CPUs halt at once)."""
     parameter = pathlib.Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
@@ -77,6 +72,8 @@ def run_client(calls: int, spin: bool) -> dict[str, Any]:
     """Child: starts the server, times `calls` echoes, returns the figures."""
     import grpc
     import uvloop
+    from commit_cost import percentiles
+    from dataplane import process_cpu_seconds as cpu_seconds
 
     from shard_server.runtime.idle_polling import IdlePolling, cpus_to_spin_on
 
@@ -120,11 +117,8 @@ def run_client(calls: int, spin: bool) -> dict[str, Any]:
             polling.close()
         server.kill()
         server.wait()
-    ordered = sorted(took)
     return {
-        "p50_us": round(ordered[len(ordered) // 2] * 1e6, 1),
-        "p90_us": round(ordered[int(len(ordered) * 0.9)] * 1e6, 1),
-        "p99_us": round(ordered[int(len(ordered) * 0.99)] * 1e6, 1),
+        **percentiles(took),  # p50_us, p90_us, p99_us as bench/commit_cost.py reports them
         "calls": calls,
         "server_cpu_us_per_call": round(server_cpu / calls * 1e6, 1),
         "client_cpu_us_per_call": round(client_cpu / calls * 1e6, 1),

@@ -11,7 +11,7 @@ import click
 import yaml
 
 from shard_server.logs import configure_logging
-from shard_server.runtime.idle_polling import MAX_WINDOW_MS, cpus_to_spin_on
+from shard_server.runtime.idle_polling import check_window, cpus_to_spin_on
 from shard_server.server import ServerSettings, serve
 from shardq import event_loops
 from shardq.coordination.cluster_map import cluster_map_from_text, read_cluster_map
@@ -163,11 +163,11 @@ def serve_command(
             raise ValueError(f"--sync-before-ready: {error}") from None
         try:
             idle_poll_ms = parse_duration_ms(idle_poll)
+            if idle_poll_ms:
+                check_window(idle_poll_ms)
         except ValueError as error:
             raise ValueError(f"--idle-poll: {error}") from None
         if idle_poll_ms:
-            if idle_poll_ms > MAX_WINDOW_MS:
-                raise ValueError(f"--idle-poll: at most {MAX_WINDOW_MS}ms (calls further apart gain nothing)")
             cpus_to_spin_on(idle_poll_cpus)  # no Linux, or more CPUs than this server may use: said now
         elif idle_poll_cpus is not None:
             raise ValueError("--idle-poll-cpus goes with --idle-poll")

@@ -55,14 +55,19 @@ SPIN_UP_TO_CALLS = 4
 MAX_WINDOW_MS = 1000
 
 
+def check_window(window_ms: float) -> None:
+    """Refuse a window idle polling cannot use (the server's option says so at start)."""
+    if window_ms <= 0:
+        raise ValueError(f"the window must be above 0, got {window_ms}ms")
+    if window_ms > MAX_WINDOW_MS:
+        raise ValueError(f"at most {MAX_WINDOW_MS}ms (calls further apart gain nothing), got {window_ms}ms")
+
+
 class IdlePolling:
     """The spinners of one server and the deadline they spin to (event loop only)."""
 
     def __init__(self, window_ms: float, cpus: Sequence[int]) -> None:
-        if not 0 < window_ms <= MAX_WINDOW_MS:
-            raise ValueError(
-                f"the idle polling window must be above 0 and at most {MAX_WINDOW_MS} ms, got {window_ms} ms"
-            )
+        check_window(window_ms)
         if not cpus:
             raise ValueError("idle polling needs at least one CPU to spin on")
         self._window_ns = int(window_ms * 1_000_000)
