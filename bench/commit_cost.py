@@ -6,10 +6,17 @@ writes the meta page through a second descriptor opened with O_DSYNC. This measu
 the disk holding --dir, with --samples commits each (p50 / p90 / p99 in µs):
 
   fdatasync.pages-N   pwrite N scattered 4 KiB pages of a file, then fdatasync
+  fdatasync.contiguous-pages-N
+                      the same N pages side by side, in one pwrite: what the scattered
+                      rows pay per separate write request the disk gets (an LMDB commit's
+                      dirty pages lie where its free list had room, rarely side by side)
   meta.o_dsync        one 120-byte pwrite through an O_DSYNC descriptor (LMDB's meta write)
   lmdb.send           a py-lmdb write transaction shaped like one shardq send (a message,
                       its delivery record, its index entry, two meta counters and a log
                       entry, in five sub-databases), committed durably
+                      (with writes_per_commit and pages_per_commit: how many write calls
+                      and 4 KiB pages each commit handed the kernel, meta page included,
+                      read from /proc/self/io; LMDB writes side-by-side pages in one call)
   lmdb.send.nosync    the same transaction with sync and metasync off: its CPU alone
   lmdb.send.idle-N-us the durable transaction again, the thread sleeping N µs after each
                       commit (--idle-gaps-us): a server with one call in flight waits that
@@ -52,7 +59,7 @@ def percentiles(samples: list[float]) -> dict[str, float]:
     return {"p50_us": at(0.5), "p90_us": at(0.9), "p99_us": at(0.99), "samples": len(ordered)}
 
 
-def timed(samples: int, action: Callable[[int], None], *, idle_s: float = 0.0) -> list[float]:
+def timed(samples: int, action: Callable[[int], object], *, idle_s: float = 0.0) -> list[float]:
     """How long each of `samples` actions took; with `idle_s`, the thread sleeps that long
     after each one (outside the measurement)."""
     took = []
@@ -82,7 +89,15 @@ def file_syncs(directory: pathlib.Path, samples: int) -> dict[str, dict[str, flo
                     os.pwrite(descriptor, b"y" * PAGE, page * PAGE)
                 os.fdatasync(descriptor)
 
+            def write_side_by_side_and_sync(_: int, count: int = count) -> None:
+                first = rng.randrange(2, pages - count)
+                os.pwrite(descriptor, b"y" * (PAGE * count), first * PAGE)
+                os.fdatasync(descriptor)
+
             results[f"fdatasync.pages-{count}"] = percentiles(timed(samples, write_and_sync))
+            if count > 1:
+                side_by_side = timed(samples, write_side_by_side_and_sync)
+                results[f"fdatasync.contiguous-pages-{count}"] = percentiles(side_by_side)
         results["meta.o_dsync"] = percentiles(timed(samples, lambda _: os.pwrite(meta, b"m" * 120, PAGE + 32)))
         return results
     finally:
@@ -91,7 +106,24 @@ def file_syncs(directory: pathlib.Path, samples: int) -> dict[str, dict[str, flo
         path.unlink()
 
 
-def lmdb_send_commits(directory: pathlib.Path, samples: int, *, durable: bool, idle_s: float = 0.0) -> list[float]:
+def write_calls_and_bytes() -> tuple[int, int]:
+    """This process's write system calls and bytes written so far (Linux's /proc/self/io)."""
+    counters = dict(line.split(": ") for line in pathlib.Path("/proc/self/io").read_text().splitlines())
+    return int(counters["syscw"]), int(counters["wchar"])
+
+
+def per_commit_writes(before: tuple[int, int], after: tuple[int, int], commits: int) -> dict[str, float]:
+    return {
+        "writes_per_commit": round((after[0] - before[0]) / commits, 2),
+        "pages_per_commit": round((after[1] - before[1]) / PAGE / commits, 2),
+    }
+
+
+def lmdb_send_commits(
+    directory: pathlib.Path, samples: int, *, durable: bool, idle_s: float = 0.0, writes: dict[str, float] | None = None
+) -> list[float]:
+    """The durations of `samples` send-shaped commits; `writes`, when given, receives
+    their write calls and pages per commit."""
     path = pathlib.Path(tempfile.mkdtemp(dir=directory, prefix="lmdb-probe-"))
     env = lmdb.open(str(path), map_size=1 << 30, max_dbs=8, sync=durable, metasync=durable)
     try:
@@ -111,7 +143,11 @@ def lmdb_send_commits(directory: pathlib.Path, samples: int, *, durable: bool, i
 
         warm = max(samples // 5, 50)
         timed(warm, send)  # grow the trees first: the measured commits touch settled pages
-        return timed(samples, lambda number: send(number + warm), idle_s=idle_s)
+        before = write_calls_and_bytes()
+        took = timed(samples, lambda number: send(number + warm), idle_s=idle_s)
+        if writes is not None:
+            writes.update(per_commit_writes(before, write_calls_and_bytes(), samples))
+        return took
     finally:
         env.close()
         shutil.rmtree(path, ignore_errors=True)
@@ -133,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[commit-cost] file syncs on {args.dir} ...", file=sys.stderr, flush=True)
     results: dict[str, Any] = file_syncs(args.dir, args.samples)
     print("[commit-cost] LMDB send-shaped commits ...", file=sys.stderr, flush=True)
-    results["lmdb.send"] = percentiles(lmdb_send_commits(args.dir, args.samples, durable=True))
+    writes: dict[str, float] = {}
+    results["lmdb.send"] = percentiles(lmdb_send_commits(args.dir, args.samples, durable=True, writes=writes))
+    results["lmdb.send"].update(writes)
     results["lmdb.send.nosync"] = percentiles(lmdb_send_commits(args.dir, args.samples, durable=False))
     for gap_us in gaps_us:
         print(f"[commit-cost] durable commits {gap_us} µs apart ...", file=sys.stderr, flush=True)
