@@ -107,6 +107,7 @@ def test_the_panels_cover_what_an_on_call_engineer_needs(binaries: Binaries) -> 
         "leaders per pod": r"Leaders per pod: count by \(pod\) \(shardq_shard_leader",
         "failovers": r"Failovers.*shardq_operator_takeovers_total",
         "request latency": r"Request latency.*histogram_quantile\(0\.99, .*shardq_request_duration_seconds_bucket",
+        "disk commit time": r"Commit time.*histogram_quantile\(0\.99, .*shardq_commit_duration_seconds_bucket",
     }
     missing = [what for what, pattern in wanted.items() if not re.search(pattern, text)]
     assert not missing, f"no panel for {missing}"

@@ -107,6 +107,8 @@ EVENTS_SHOWN = {
     "LMDB map usage per shard",
     "Replica moves by phase (scaling, balance)",
     "Operator takeovers / s by cluster",
+    "Commit time (LMDB work and fsync) p50 / p99 by pod",
+    "Requests per commit (group commit) by pod",
 }
 
 

@@ -87,6 +87,9 @@ class CommitReport:
     # Replicated shards: the newest message seq once the batch committed (durable when
     # the batch has replicated); 0 otherwise.
     last_seq: int = 0
+    # From the write transaction's start to its commit returning: the batch's LMDB work
+    # and the syncs that made it durable (what the disk costs every answer that waits).
+    seconds: float = 0.0
 
 
 class CallsInProgress:
@@ -328,8 +331,10 @@ class GroupCommitter:
             if self._replicated is not None:  # what _replicated_seq advances to once replicated
                 last_seq = tx.last_seq()
 
+        started = time.perf_counter()
         _, index = self.environment.write(run_all, epoch=context.epoch, at_ms=now_ms)
-        return outcomes, CommitReport(len(batch), index, now_ms, context.epoch, last_seq)
+        took = time.perf_counter() - started
+        return outcomes, CommitReport(len(batch), index, now_ms, context.epoch, last_seq, seconds=took)
 
     def _finish_batch(self, loop: asyncio.AbstractEventLoop, finished: concurrent.futures.Future[_Batch]) -> None:
         self._thread.outstanding -= 1

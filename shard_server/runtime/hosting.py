@@ -149,6 +149,7 @@ class HostedShard:
         metrics.SENDS_REFUSED.labels(*labels, Reason.QUEUE_FULL.value)
         self._commits = metrics.COMMITS.labels(*labels)
         self._batch = metrics.COMMIT_BATCH.labels(*labels)
+        self._commit_seconds = metrics.COMMIT_SECONDS.labels(*labels)
         self.bytes_in = metrics.BYTES_IN.labels(*labels)
         self.bytes_out = metrics.BYTES_OUT.labels(*labels)
         self.purged = metrics.PURGED.labels(*labels)
@@ -185,6 +186,7 @@ class HostedShard:
         if report.log_index:
             self._commits.inc()
             self._batch.observe(report.requests)
+            self._commit_seconds.observe(report.seconds)
             self.last_written_index = report.log_index
             if self.replica is not None:
                 self.replica.note_local_commit(report.log_index)

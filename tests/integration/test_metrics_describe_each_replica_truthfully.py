@@ -95,6 +95,29 @@ def test_a_standalone_server_exports_what_an_on_call_needs(server_factory: Serve
     promtool_accepts(text)
 
 
+def test_every_commit_reports_how_long_it_took_to_become_durable(server_factory: ServerFactory) -> None:
+    """Each shard's commit time histogram counts what its commit counter counts, sends,
+    claims and deletes alike, so `rate(_sum) / rate(_count)` is the disk's price per
+    commit (group commit folds requests into it; shardq_commit_batch_requests says how many)."""
+    server = server_factory("timed:shards=2")
+    with Client(server.endpoint) as client:
+        for n in range(6):
+            client.send_messages("timed", [Message(b"m%d" % n)])
+        received = client.receive_messages("timed", max_messages=10, visibility_timeout_ms=60_000)
+        # Deletes are answered after their commit, which the writer runs after the
+        # claims' (which may answer before theirs): every commit so far is counted then.
+        client.delete_messages("timed", [message.receipt for message in received])
+    found = samples(scrape_text(server.metrics_url))
+    for shard in ("0", "1"):
+        commits = value(found, "shardq_commits_total", queue="timed", shard=shard)
+        assert commits >= 3, f"shard {shard}: its three sends commit one by one"
+        timed = value(found, "shardq_commit_duration_seconds_count", queue="timed", shard=shard)
+        assert timed == commits, f"shard {shard}: {timed} commits timed of {commits}"
+        assert value(found, "shardq_commit_duration_seconds_sum", queue="timed", shard=shard) > 0
+        everything = value(found, "shardq_commit_duration_seconds_bucket", queue="timed", shard=shard, le="+Inf")
+        assert everything == commits
+
+
 def test_metrics_are_served_at_metrics_only(server_factory: ServerFactory) -> None:
     server = server_factory("orders")
     base = server.metrics_url.removesuffix("/metrics")
