@@ -36,10 +36,12 @@ import re
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Coroutine, Iterator
 from typing import Any
 
@@ -158,9 +160,12 @@ def latency_summary(samples: list[float]) -> dict[str, float | int]:
 
 @dataclasses.dataclass(slots=True)
 class Meter:
-    """Wall clock and CPU (this client process and the server) over the timed section."""
+    """Wall clock and CPU (this client process and the server) over the timed section;
+    with `metrics_url` (the server's /metrics), also its commits: how many, how long
+    each took to become durable on average, and how many requests each folded."""
 
     server_pid: int
+    metrics_url: str | None = None
     started: float = 0.0
     client_cpu_start: float = 0.0
     server_cpu_start: float = 0.0
@@ -170,8 +175,12 @@ class Meter:
     server_cpu_s: float = 0.0
     # The server's child processes (idle-polling spinners), apart from its own figure.
     children_cpu_s: float = 0.0
+    commits_start: CommitTotals | None = None
+    commits: CommitTotals | None = None
 
     def start(self) -> None:
+        # Scraped outside the CPU window: the scrape's own work is not the calls'.
+        self.commits_start = commit_totals(self.metrics_url) if self.metrics_url else None
         self.client_cpu_start = own_cpu_seconds()
         self.server_cpu_start = process_cpu_seconds(self.server_pid)
         self.children_cpu_start = children_cpu_seconds(self.server_pid)
@@ -182,10 +191,14 @@ class Meter:
         self.client_cpu_s = own_cpu_seconds() - self.client_cpu_start
         self.server_cpu_s = process_cpu_seconds(self.server_pid) - self.server_cpu_start
         self.children_cpu_s = children_cpu_seconds(self.server_pid) - self.children_cpu_start
+        if self.metrics_url and self.commits_start is not None:
+            self.commits = commit_totals(self.metrics_url) - self.commits_start
 
     def report(self, messages: int) -> dict[str, Any]:
         per_message = 1e6 / messages if messages else 0.0
+        commits = {} if self.commits is None else self.commits.report(messages)
         return {
+            **commits,
             "elapsed_s": round(self.elapsed_s, 3),
             "msgs_per_s": round(messages / self.elapsed_s, 1) if self.elapsed_s > 0 else 0.0,
             "server_cpu_s": round(self.server_cpu_s, 3),
@@ -194,6 +207,56 @@ class Meter:
             "client_cpu_us_per_msg": round(self.client_cpu_s * per_message, 2),
             "spinner_cpu_us_per_msg": round(self.children_cpu_s * per_message, 2),
         }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CommitTotals:
+    """A server's commit counters, summed over its shards (shardq_commit_duration_seconds
+    and shardq_commit_batch_requests)."""
+
+    commits: float = 0.0
+    seconds: float = 0.0
+    requests: float = 0.0
+
+    def __sub__(self, earlier: CommitTotals) -> CommitTotals:
+        return CommitTotals(
+            self.commits - earlier.commits, self.seconds - earlier.seconds, self.requests - earlier.requests
+        )
+
+    def report(self, messages: int) -> dict[str, float]:
+        return {
+            "commits_per_msg": round(self.commits / messages, 3) if messages else 0.0,
+            "commit_ms_mean": round(self.seconds / self.commits * 1e3, 3) if self.commits else 0.0,
+            "requests_per_commit": round(self.requests / self.commits, 2) if self.commits else 0.0,
+        }
+
+
+def commit_totals(metrics_url: str) -> CommitTotals:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in (
+                "shardq_commit_duration_seconds_count",
+                "shardq_commit_duration_seconds_sum",
+                "shardq_commit_batch_requests_sum",
+            ):
+                sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+    return CommitTotals(
+        sums.get("shardq_commit_duration_seconds_count", 0.0),
+        sums.get("shardq_commit_duration_seconds_sum", 0.0),
+        sums.get("shardq_commit_batch_requests_sum", 0.0),
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def split_evenly(total: int, parts: int) -> list[int]:
@@ -475,6 +538,7 @@ class Server:
     endpoint: str
     log_path: pathlib.Path
     profile_path: pathlib.Path | None
+    metrics_url: str | None = None
 
 
 def start_server(
@@ -484,10 +548,17 @@ def start_server(
     extra_args: tuple[str, ...] = (),
     *,
     launcher: tuple[str, ...] = ("-m", "shardq"),
+    metrics: bool = False,
 ) -> Server:
     """`shardq serve` on a kernel-chosen port; ready once it prints its listening line.
     `extra_args` go to `shardq serve` as they are (e.g. --writer-threads 2); `launcher`
-    is what Python runs in place of `-m shardq` (a script taking the same arguments)."""
+    is what Python runs in place of `-m shardq` (a script taking the same arguments);
+    `metrics` serves /metrics on a free port too (Server.metrics_url)."""
+    metrics_url = None
+    if metrics:
+        port = free_port()
+        extra_args = (*extra_args, "--metrics-port", str(port))
+        metrics_url = f"http://127.0.0.1:{port}/metrics"
     log_path = data_dir.parent / "server.log"
     command = [sys.executable]
     if profile_path is not None:
@@ -503,7 +574,7 @@ def start_server(
     while time.monotonic() < deadline:
         match = LISTENING.search(log_path.read_text(errors="replace"))
         if match:
-            return Server(process, f"{match.group(1)}:{match.group(2)}", log_path, profile_path)
+            return Server(process, f"{match.group(1)}:{match.group(2)}", log_path, profile_path, metrics_url)
         if process.poll() is not None:
             break
         time.sleep(0.05)

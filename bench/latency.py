@@ -31,8 +31,10 @@ is recorded. Phases, in order, for each C:
 With C=4 the send and worker phases are the issue's "4 producers / 4 consumers, one call
 in flight each". Each phase runs --ops calls in all (at least 4 per caller) or
 --max-seconds, whichever comes first. Reported per phase: calls/s, p50 / p99 / p99.9 /
-max latency, and the CPU the server and this client process used per call. The queue is
-drained between concurrencies so each starts from an empty queue.
+max latency, the CPU the server and this client process used per call, and the server's
+commits (from its /metrics, read before and after the phase): commits per call, their
+mean time from start to durable, and requests per commit. The queue is drained between
+concurrencies so each starts from an empty queue.
 
 With --runs N the whole measurement runs N times, each on a fresh server, and each cell
 reports the run with the median p50 (its other figures are that run's), with the p50 of
@@ -126,6 +128,11 @@ def summarize(
     result["server_cpu_us_per_call"] = report["server_cpu_us_per_msg"]
     result["client_cpu_us_per_call"] = report["client_cpu_us_per_msg"]
     result["spinner_cpu_us_per_call"] = report["spinner_cpu_us_per_msg"]
+    # The server's commits in the cell: how many per call, how long each took to become
+    # durable (mean), how many requests each folded (group commit).
+    for figure in ("commits_per_msg", "commit_ms_mean", "requests_per_commit"):
+        if figure in report:
+            result[figure.replace("_per_msg", "_per_call")] = report[figure]
     if name.startswith("worker"):
         # Per message, not per call: what a worker loop delivers.
         result["messages_per_s"] = round(operations / meter.elapsed_s, 1) if meter.elapsed_s > 0 else 0.0
@@ -133,7 +140,8 @@ def summarize(
         f"[latency] C={concurrency:<3} {name:<17} {result['calls_per_s']:>9.1f}/s  "
         f"p50 {result.get('p50_ms', 0):7.2f} ms  p99 {result.get('p99_ms', 0):7.2f} ms  "
         f"p99.9 {result.get('p999_ms', 0):7.2f} ms  server {result['server_cpu_us_per_call']:7.0f} us/call"
-        + (f" + spinners {result['spinner_cpu_us_per_call']:.0f}" if result["spinner_cpu_us_per_call"] else ""),
+        + (f" + spinners {result['spinner_cpu_us_per_call']:.0f}" if result["spinner_cpu_us_per_call"] else "")
+        + (f"  commit {result['commit_ms_mean']:.2f} ms" if result.get("commit_ms_mean") else ""),
         file=sys.stderr,
         flush=True,
     )
@@ -144,10 +152,10 @@ async def run_phase(
     name: str,
     concurrency: int,
     total: int,
-    server_pid: int,
+    server: dataplane.Server,
     call: Callable[[int], Awaitable[int]],
 ) -> dict[str, Any]:
-    meter = dataplane.Meter(server_pid)
+    meter = dataplane.Meter(server.process.pid, server.metrics_url)
     meter.start()
     latencies, operations = await callers(concurrency, total, MAX_SECONDS, call)
     meter.stop()
@@ -197,7 +205,6 @@ async def measure_at(
     server: dataplane.Server,
     phases: set[str],
 ) -> list[dict[str, Any]]:
-    pid = server.process.pid
     results: list[dict[str, Any]] = []
 
     async def send1(_: int) -> int:
@@ -223,14 +230,14 @@ async def measure_at(
         ("send10.stream", send10_stream),
     ):
         if name in phases:
-            results.append(await run_phase(name, concurrency, total, pid, call))
+            results.append(await run_phase(name, concurrency, total, server, call))
 
     receipt_phases = {"receive.unary", "visibility.unary", "delete.unary", "delete.stream"}
     if phases & receipt_phases:
         # The receipt phases need messages: as many as they use, if the sends left fewer.
         visible = (await client.attributes(queue)).visible
         await fill(client, queue, payload, max(0, 2 * total - visible))
-        results += await measure_receipt_phases(client, queue, concurrency, total, pid, phases)
+        results += await measure_receipt_phases(client, queue, concurrency, total, server, phases)
         await drain(client, queue)
 
     if "worker" in phases:
@@ -243,14 +250,14 @@ async def measure_at(
                 await client.delete_messages(queue, [message.receipt])
             return len(messages)
 
-        results.append(await run_phase("worker", concurrency, worker_calls, pid, work))
+        results.append(await run_phase("worker", concurrency, worker_calls, server, work))
         await drain(client, queue)
 
     # The consumer loops, each over a queue filled for it (untimed) and drained after.
     consumer_loops: dict[str, Callable[[int], Awaitable[dict[str, Any]]]] = {
-        "worker.stream": lambda messages: stream_workers(client, queue, concurrency, messages, pid),
-        "worker.shared": lambda messages: stream_workers(client, queue, concurrency, messages, pid, shared=True),
-        "worker.consumer": lambda messages: consumer_workers(client, queue, concurrency, messages, pid),
+        "worker.stream": lambda messages: stream_workers(client, queue, concurrency, messages, server),
+        "worker.shared": lambda messages: stream_workers(client, queue, concurrency, messages, server, shared=True),
+        "worker.consumer": lambda messages: consumer_workers(client, queue, concurrency, messages, server),
     }
     for name, consume in consumer_loops.items():
         if name in phases:
@@ -262,7 +269,7 @@ async def measure_at(
 
 
 async def measure_receipt_phases(
-    client: AsyncClient, queue: str, concurrency: int, total: int, pid: int, phases: set[str]
+    client: AsyncClient, queue: str, concurrency: int, total: int, server: dataplane.Server, phases: set[str]
 ) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     receipts: list[str] = []
@@ -273,7 +280,7 @@ async def measure_receipt_phases(
         return len(messages)
 
     if "receive.unary" in phases:
-        results.append(await run_phase("receive.unary", concurrency, total, pid, receive))
+        results.append(await run_phase("receive.unary", concurrency, total, server, receive))
     while len(receipts) < 2 * total:  # untimed: what the phases below use, if still missing
         taken = await receive(0)
         if not taken:
@@ -288,7 +295,7 @@ async def measure_receipt_phases(
         return 1
 
     if "visibility.unary" in phases:
-        results.append(await run_phase("visibility.unary", concurrency, min(total, len(held)), pid, visibility))
+        results.append(await run_phase("visibility.unary", concurrency, min(total, len(held)), server, visibility))
     to_delete = changed + held
 
     async def delete(_: int) -> int:
@@ -296,7 +303,7 @@ async def measure_receipt_phases(
         return 1
 
     if "delete.unary" in phases:
-        results.append(await run_phase("delete.unary", concurrency, min(total, len(to_delete)), pid, delete))
+        results.append(await run_phase("delete.unary", concurrency, min(total, len(to_delete)), server, delete))
     if "delete.stream" in phases:
         async with contextlib.AsyncExitStack() as streams:
             # No credits: the streams carry deletes only, nothing is pushed to them.
@@ -307,7 +314,7 @@ async def measure_receipt_phases(
                 return 1
 
             results.append(
-                await run_phase("delete.stream", concurrency, min(total, len(to_delete)), pid, delete_streamed)
+                await run_phase("delete.stream", concurrency, min(total, len(to_delete)), server, delete_streamed)
             )
     # Untimed: the claims left over.
     for start in range(0, len(to_delete), 10):
@@ -316,7 +323,7 @@ async def measure_receipt_phases(
 
 
 async def stream_workers(
-    client: AsyncClient, queue: str, concurrency: int, messages: int, pid: int, *, shared: bool = False
+    client: AsyncClient, queue: str, concurrency: int, messages: int, server: dataplane.Server, *, shared: bool = False
 ) -> dict[str, Any]:
     """worker.stream: `concurrency` consumers on their own consumer streams, each taking a
     message and deleting it over its stream, until `messages` are deleted (or time).
@@ -349,7 +356,7 @@ async def stream_workers(
             for _ in range(1 if shared else concurrency)
         ]
         takers = [(stream, stream.messages(), asyncio.Lock()) for stream in opened]
-        meter = dataplane.Meter(pid)
+        meter = dataplane.Meter(server.process.pid, server.metrics_url)
         meter.start()
         consumers = [asyncio.create_task(consume(*takers[number % len(takers)])) for number in range(concurrency)]
         # Consumers whose streams hold nothing more wait in messages(): they are
@@ -370,7 +377,7 @@ async def stream_workers(
 
 
 async def consumer_workers(
-    client: AsyncClient, queue: str, concurrency: int, messages: int, pid: int
+    client: AsyncClient, queue: str, concurrency: int, messages: int, server: dataplane.Server
 ) -> dict[str, Any]:
     """worker.consumer: run_consumer's `concurrency` workers handle `messages` messages (or
     stop at the time limit); a call is one message. Latencies are a worker's cycles, from
@@ -390,7 +397,7 @@ async def consumer_workers(
 
     stop = asyncio.Event()
     timer = asyncio.get_running_loop().call_later(MAX_SECONDS, stop.set)
-    meter = dataplane.Meter(pid)
+    meter = dataplane.Meter(server.process.pid, server.metrics_url)
     meter.start()
     stats = await run_consumer(
         client, queue, handler, concurrency=concurrency, stop=stop, handle_signals=False, max_messages=messages
@@ -470,7 +477,7 @@ def measure_on_fresh_server(args: argparse.Namespace) -> list[dict[str, Any]]:
     root = pathlib.Path(tempfile.mkdtemp(prefix="shardq-latency-"))
     queue = "bench"
     server = dataplane.start_server(
-        root / "data", f"{queue}:shards={args.shards}", None, extra_args=tuple(args.server_arg)
+        root / "data", f"{queue}:shards={args.shards}", None, extra_args=tuple(args.server_arg), metrics=True
     )
     try:
         return event_loops.run(measure(args, server, queue, set(args.phases)), choice=args.client_loop)
