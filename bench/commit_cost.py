@@ -18,6 +18,12 @@ the disk holding --dir, with --samples commits each (p50 / p90 / p99 in µs):
                       and 4 KiB pages each commit handed the kernel, meta page included,
                       read from /proc/self/io; LMDB writes side-by-side pages in one call)
   lmdb.send.nosync    the same transaction with sync and metasync off: its CPU alone
+  lmdb.send.idle-600-us.pinned-K
+                      durable commits 0.6 ms apart with a read transaction held open and
+                      renewed every K commits (--pinned-reader-commits), the file written
+                      ahead with zeros: LMDB then takes its pages from the end of the
+                      file, side by side, at the price of the pages the reader holds back
+                      (used_mib against the unpinned rows')
   lmdb.send.idle-N-us the durable transaction again, the thread sleeping N µs after each
                       commit (--idle-gaps-us): a server with one call in flight waits that
                       long for the next call (the answer's and the next request's way through
@@ -25,7 +31,7 @@ the disk holding --dir, with --samples commits each (p50 / p90 / p99 in µs):
                       and the CPU sat idle costs more than one right after another
 
 Usage: python bench/commit_cost.py [--dir /path/on/the/disk] [--samples 1000]
-       [--idle-gaps-us 600,2000] [--out bench/results]
+       [--idle-gaps-us 600,2000] [--pinned-reader-commits 250,1000] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -48,6 +54,8 @@ import reports  # bench/reports.py: this script's directory is sys.path[0]
 
 PAGE = 4096
 PAGE_COUNTS = (1, 2, 4, 10, 20)
+# Room written ahead of LMDB's pages for the pinned-reader rows: more than they use.
+WRITTEN_AHEAD_BYTES = 128 << 20
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:
@@ -120,18 +128,34 @@ def per_commit_writes(before: tuple[int, int], after: tuple[int, int], commits: 
 
 
 def lmdb_send_commits(
-    directory: pathlib.Path, samples: int, *, durable: bool, idle_s: float = 0.0, writes: dict[str, float] | None = None
+    directory: pathlib.Path,
+    samples: int,
+    *,
+    durable: bool,
+    idle_s: float = 0.0,
+    writes: dict[str, float] | None = None,
+    pin_every: int = 0,
 ) -> list[float]:
     """The durations of `samples` send-shaped commits; `writes`, when given, receives
-    their write calls and pages per commit."""
+    their write calls and pages per commit and the MiB of pages LMDB used at the end.
+
+    With `pin_every` K, a read transaction is held open and renewed every K commits, and
+    the data file is written ahead with zeros first (so that commits do not grow it):
+    LMDB cannot reuse pages freed after the oldest reader began, so it takes new pages
+    from the end of its file, side by side."""
     path = pathlib.Path(tempfile.mkdtemp(dir=directory, prefix="lmdb-probe-"))
     env = lmdb.open(str(path), map_size=1 << 30, max_dbs=8, sync=durable, metasync=durable)
+    pinned: list[Any] = []
     try:
         names = (b"messages", b"delivery", b"index", b"meta", b"log")
         messages, delivery, index, meta, log = (env.open_db(name) for name in names)
         body = b"x" * 300
 
         def send(number: int) -> None:
+            if pin_every and number % pin_every == 0:
+                while pinned:
+                    pinned.pop().abort()
+                pinned.append(env.begin())
             seq = struct.pack(">Q", number + 1)
             with env.begin(write=True) as txn:
                 txn.put(seq, body, db=messages)
@@ -143,12 +167,20 @@ def lmdb_send_commits(
 
         warm = max(samples // 5, 50)
         timed(warm, send)  # grow the trees first: the measured commits touch settled pages
+        if pin_every:
+            with env.begin(write=True), (path / "data.mdb").open("ab") as data:  # no commit writes meanwhile
+                data.write(bytes(WRITTEN_AHEAD_BYTES))
+                data.flush()
+                os.fsync(data.fileno())
         before = write_calls_and_bytes()
         took = timed(samples, lambda number: send(number + warm), idle_s=idle_s)
         if writes is not None:
             writes.update(per_commit_writes(before, write_calls_and_bytes(), samples))
+            writes["used_mib"] = round((env.info()["last_pgno"] + 1) * PAGE / 2**20, 1)
         return took
     finally:
+        while pinned:
+            pinned.pop().abort()
         env.close()
         shutil.rmtree(path, ignore_errors=True)
 
@@ -162,9 +194,15 @@ def main(argv: list[str] | None = None) -> int:
         default="600,2000",
         help="comma-separated idle gaps between durable commits, in µs (empty for none)",
     )
+    parser.add_argument(
+        "--pinned-reader-commits",
+        default="250,1000",
+        help="comma-separated K: durable commits 0.6 ms apart with a reader renewed every K commits (empty: none)",
+    )
     parser.add_argument("--out", type=pathlib.Path, default=None, help="directory to write commit-cost.json")
     args = parser.parse_args(argv)
     gaps_us = [int(gap) for gap in args.idle_gaps_us.split(",") if gap.strip()]
+    pins = [int(every) for every in args.pinned_reader_commits.split(",") if every.strip()]
     args.dir.mkdir(parents=True, exist_ok=True)
     print(f"[commit-cost] file syncs on {args.dir} ...", file=sys.stderr, flush=True)
     results: dict[str, Any] = file_syncs(args.dir, args.samples)
@@ -175,8 +213,16 @@ def main(argv: list[str] | None = None) -> int:
     results["lmdb.send.nosync"] = percentiles(lmdb_send_commits(args.dir, args.samples, durable=False))
     for gap_us in gaps_us:
         print(f"[commit-cost] durable commits {gap_us} µs apart ...", file=sys.stderr, flush=True)
-        commits = lmdb_send_commits(args.dir, args.samples, durable=True, idle_s=gap_us / 1e6)
-        results[f"lmdb.send.idle-{gap_us}-us"] = percentiles(commits)
+        idle_writes: dict[str, float] = {}
+        commits = lmdb_send_commits(args.dir, args.samples, durable=True, idle_s=gap_us / 1e6, writes=idle_writes)
+        results[f"lmdb.send.idle-{gap_us}-us"] = {**percentiles(commits), **idle_writes}
+    for every in pins:
+        print(f"[commit-cost] durable commits 600 µs apart, a reader renewed every {every} ...", file=sys.stderr)
+        pinned_writes: dict[str, float] = {}
+        commits = lmdb_send_commits(
+            args.dir, args.samples, durable=True, idle_s=600e-6, writes=pinned_writes, pin_every=every
+        )
+        results[f"lmdb.send.idle-600-us.pinned-{every}"] = {**percentiles(commits), **pinned_writes}
     report = {
         "benchmark": "commit-cost",
         "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
