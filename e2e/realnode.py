@@ -719,6 +719,8 @@ def _mounts_under(root: Path) -> list[str]:
 
 
 def _iptables_rules_of_ours(tool: str) -> list[str]:
+    if shutil.which(f"{tool}-save") is None:
+        return []  # no iptables on this host yet (before the node's packages): no rules of ours
     result = run(f"{tool}-save", check=False, quiet=True)
     return [line for line in result.stdout.splitlines() if re.search(r"KUBE-|CNI-|" + CNI_NETWORK, line)]
 
