@@ -120,24 +120,16 @@ def write_calls_and_bytes() -> tuple[int, int]:
     return int(counters["syscw"]), int(counters["wchar"])
 
 
-def per_commit_writes(before: tuple[int, int], after: tuple[int, int], commits: int) -> dict[str, float]:
-    return {
-        "writes_per_commit": round((after[0] - before[0]) / commits, 2),
-        "pages_per_commit": round((after[1] - before[1]) / PAGE / commits, 2),
-    }
-
-
 def lmdb_send_commits(
     directory: pathlib.Path,
     samples: int,
     *,
     durable: bool,
     idle_s: float = 0.0,
-    writes: dict[str, float] | None = None,
     pin_every: int = 0,
-) -> list[float]:
-    """The durations of `samples` send-shaped commits; `writes`, when given, receives
-    their write calls and pages per commit and the MiB of pages LMDB used at the end.
+) -> tuple[list[float], dict[str, float]]:
+    """The durations of `samples` send-shaped commits, and their write calls and pages
+    per commit with the MiB of pages LMDB used at the end.
 
     With `pin_every` K, a read transaction is held open and renewed every K commits, and
     the data file is written ahead with zeros first (so that commits do not grow it):
@@ -145,17 +137,18 @@ def lmdb_send_commits(
     from the end of its file, side by side."""
     path = pathlib.Path(tempfile.mkdtemp(dir=directory, prefix="lmdb-probe-"))
     env = lmdb.open(str(path), map_size=1 << 30, max_dbs=8, sync=durable, metasync=durable)
-    pinned: list[Any] = []
+    pinned: lmdb.Transaction | None = None
     try:
         names = (b"messages", b"delivery", b"index", b"meta", b"log")
         messages, delivery, index, meta, log = (env.open_db(name) for name in names)
         body = b"x" * 300
 
         def send(number: int) -> None:
+            nonlocal pinned
             if pin_every and number % pin_every == 0:
-                while pinned:
-                    pinned.pop().abort()
-                pinned.append(env.begin())
+                if pinned is not None:
+                    pinned.abort()
+                pinned = env.begin()
             seq = struct.pack(">Q", number + 1)
             with env.begin(write=True) as txn:
                 txn.put(seq, body, db=messages)
@@ -172,15 +165,17 @@ def lmdb_send_commits(
                 data.write(bytes(WRITTEN_AHEAD_BYTES))
                 data.flush()
                 os.fsync(data.fileno())
-        before = write_calls_and_bytes()
+        calls_before, bytes_before = write_calls_and_bytes()
         took = timed(samples, lambda number: send(number + warm), idle_s=idle_s)
-        if writes is not None:
-            writes.update(per_commit_writes(before, write_calls_and_bytes(), samples))
-            writes["used_mib"] = round((env.info()["last_pgno"] + 1) * PAGE / 2**20, 1)
-        return took
+        calls_after, bytes_after = write_calls_and_bytes()
+        return took, {
+            "writes_per_commit": round((calls_after - calls_before) / samples, 2),
+            "pages_per_commit": round((bytes_after - bytes_before) / PAGE / samples, 2),
+            "used_mib": round((env.info()["last_pgno"] + 1) * PAGE / 2**20, 1),
+        }
     finally:
-        while pinned:
-            pinned.pop().abort()
+        if pinned is not None:
+            pinned.abort()
         env.close()
         shutil.rmtree(path, ignore_errors=True)
 
@@ -207,22 +202,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[commit-cost] file syncs on {args.dir} ...", file=sys.stderr, flush=True)
     results: dict[str, Any] = file_syncs(args.dir, args.samples)
     print("[commit-cost] LMDB send-shaped commits ...", file=sys.stderr, flush=True)
-    writes: dict[str, float] = {}
-    results["lmdb.send"] = percentiles(lmdb_send_commits(args.dir, args.samples, durable=True, writes=writes))
-    results["lmdb.send"].update(writes)
-    results["lmdb.send.nosync"] = percentiles(lmdb_send_commits(args.dir, args.samples, durable=False))
+    commits, writes = lmdb_send_commits(args.dir, args.samples, durable=True)
+    results["lmdb.send"] = {**percentiles(commits), **writes}
+    commits, _ = lmdb_send_commits(args.dir, args.samples, durable=False)
+    results["lmdb.send.nosync"] = percentiles(commits)
     for gap_us in gaps_us:
         print(f"[commit-cost] durable commits {gap_us} µs apart ...", file=sys.stderr, flush=True)
-        idle_writes: dict[str, float] = {}
-        commits = lmdb_send_commits(args.dir, args.samples, durable=True, idle_s=gap_us / 1e6, writes=idle_writes)
-        results[f"lmdb.send.idle-{gap_us}-us"] = {**percentiles(commits), **idle_writes}
+        commits, writes = lmdb_send_commits(args.dir, args.samples, durable=True, idle_s=gap_us / 1e6)
+        results[f"lmdb.send.idle-{gap_us}-us"] = {**percentiles(commits), **writes}
     for every in pins:
         print(f"[commit-cost] durable commits 600 µs apart, a reader renewed every {every} ...", file=sys.stderr)
-        pinned_writes: dict[str, float] = {}
-        commits = lmdb_send_commits(
-            args.dir, args.samples, durable=True, idle_s=600e-6, writes=pinned_writes, pin_every=every
-        )
-        results[f"lmdb.send.idle-600-us.pinned-{every}"] = {**percentiles(commits), **pinned_writes}
+        commits, writes = lmdb_send_commits(args.dir, args.samples, durable=True, idle_s=600e-6, pin_every=every)
+        results[f"lmdb.send.idle-600-us.pinned-{every}"] = {**percentiles(commits), **writes}
     report = {
         "benchmark": "commit-cost",
         "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

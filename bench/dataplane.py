@@ -36,12 +36,10 @@ import re
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Coroutine, Iterator
 from typing import Any
 
@@ -60,6 +58,12 @@ from shardq.errors import ShardqError  # noqa: E402
 from shardq.types import Message, ReceivedMessage  # noqa: E402
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+# The benchmarks share the tests' support code (one free-port probe, one /metrics reader);
+# run as `python bench/latency.py`, the repository is not on the path.
+sys.path.insert(0, str(REPO_ROOT))
+from tests.integration.scraping import samples, scrape_text, values  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
+
 PROFILED_SERVER = pathlib.Path(__file__).resolve().parent / "profiled_server.py"
 LISTENING = re.compile(r"shardq: listening on (\S+):(\d+)")
 SERVER_START_TIMEOUT_S = 60.0
@@ -232,31 +236,12 @@ class CommitTotals:
 
 
 def commit_totals(metrics_url: str) -> CommitTotals:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(metrics_url, timeout=10) as response:
-        text = response.read().decode()
-    sums: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in (
-                "shardq_commit_duration_seconds_count",
-                "shardq_commit_duration_seconds_sum",
-                "shardq_commit_batch_requests_sum",
-            ):
-                sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+    found = samples(scrape_text(metrics_url))
     return CommitTotals(
-        sums.get("shardq_commit_duration_seconds_count", 0.0),
-        sums.get("shardq_commit_duration_seconds_sum", 0.0),
-        sums.get("shardq_commit_batch_requests_sum", 0.0),
+        sum(values(found, "shardq_commit_duration_seconds_count")),
+        sum(values(found, "shardq_commit_duration_seconds_sum")),
+        sum(values(found, "shardq_commit_batch_requests_sum")),
     )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def split_evenly(total: int, parts: int) -> list[int]:
