@@ -718,18 +718,20 @@ def _mounts_under(root: Path) -> list[str]:
     return mounts
 
 
-def _iptables_rules_of_ours(tool: str) -> list[str]:
+def _iptables_saved(tool: str) -> str:
+    """`{tool}-save`'s rules; none on a host without iptables yet (before the node's packages)."""
     if shutil.which(f"{tool}-save") is None:
-        return []  # no iptables on this host yet (before the node's packages): no rules of ours
-    result = run(f"{tool}-save", check=False, quiet=True)
-    return [line for line in result.stdout.splitlines() if re.search(r"KUBE-|CNI-|" + CNI_NETWORK, line)]
+        return ""
+    return run(f"{tool}-save", check=False, quiet=True).stdout
+
+
+def _iptables_rules_of_ours(tool: str) -> list[str]:
+    return [line for line in _iptables_saved(tool).splitlines() if re.search(r"KUBE-|CNI-|" + CNI_NETWORK, line)]
 
 
 def _drop_iptables_rules(tool: str) -> None:
     """Remove every KUBE-* and CNI-* chain and the rules that jump to them."""
-    if shutil.which(f"{tool}-save") is None:
-        return
-    saved = run(f"{tool}-save", check=False, quiet=True).stdout
+    saved = _iptables_saved(tool)
     if not re.search(r"KUBE-|CNI-", saved):
         return
     kept = [line for line in saved.splitlines() if not re.search(r"KUBE-|CNI-|" + CNI_NETWORK, line)]
