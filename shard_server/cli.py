@@ -55,6 +55,13 @@ def load_queue_file(path: pathlib.Path) -> list[QueueConfig]:
     type=click.IntRange(min=1),
     help="threads running the shards' write transactions; raise it when fsync is slow (network disks)",
 )
+@click.option(
+    "--commit-ahead/--no-commit-ahead",
+    default=True,
+    show_default=True,
+    help="answer a standalone shard's writes once their log entry is durable in one write, "
+    "before LMDB's two-step commit (recovered on restart if that commit never finished)",
+)
 @click.option("--log-format", type=click.Choice(["json", "text"]), default="json", show_default=True)
 @click.option(
     "--event-loop",
@@ -132,6 +139,7 @@ def serve_command(
     config_file: pathlib.Path | None,
     map_size: str,
     writer_threads: int,
+    commit_ahead: bool,
     log_format: str,
     event_loop: str,
     cluster_file: pathlib.Path | None,
@@ -207,6 +215,7 @@ def serve_command(
             metrics_port=metrics_port,
             map_size=size,
             writer_threads=writer_threads,
+            commit_ahead=commit_ahead,
             cluster=cluster,
             cluster_file=cluster_file,
             cluster_source=source,

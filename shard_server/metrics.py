@@ -69,7 +69,8 @@ COMMIT_BATCH = Histogram(
 )
 COMMIT_SECONDS = Histogram(
     "shardq_commit_duration_seconds",
-    "Write transactions from their start to durable: the batch's LMDB work and its syncs.",
+    "Write transactions from their start to durable: the batch's LMDB work and its synchronous "
+    "writes (the commit-ahead write on a standalone server, else LMDB's commit).",
     _LABELS,
     # A local SSD syncs in tens of microseconds to a millisecond, a network disk in
     # milliseconds; past 100 ms every answer waiting on it is slow.

@@ -63,6 +63,8 @@ class ServerSettings:
     map_size: int = DEFAULT_MAP_SIZE
     # Threads running write transactions, shared by all shards (see WriterThreads).
     writer_threads: int = 1
+    # Standalone shards answer writes once their entry is written ahead (see commit_ahead).
+    commit_ahead: bool = True
     # Cluster mode: this server's id in the cluster map, and the lease store (local
     # file or Kubernetes Leases; the caller opens and closes it).
     cluster: ClusterMap | None = None
@@ -135,6 +137,7 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         [*settings.queues, *runtime],
         map_size=settings.map_size,
         writer_threads=settings.writer_threads,
+        commit_ahead=settings.commit_ahead,
         cluster=settings.cluster,
         server_id=settings.server_id,
         router=router,

@@ -26,6 +26,13 @@ calls in progress, several shards written in one turn) batches go to the writer,
 so the event loop keeps serving while fsyncs run; batches that answer before
 their commit (receives) always do. The commit, fsync included, is the same
 transaction either way.
+
+A standalone shard commits ahead (storage.commit_ahead): its batch's log entry is
+made durable in one write before LMDB commits, and the batch is answered then. On the
+writer thread the answers are handed to the event loop and the thread commits; on the
+event loop the answers go out first and the commit runs a few loop turns later, once
+their responses are with gRPC. Either way LMDB's commit no longer delays the answers,
+only the shard's next batch.
 """
 
 from __future__ import annotations
@@ -42,7 +49,12 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from shard_server.domain.context import ShardContext
-from shard_server.storage.lmdb_store import LmdbShardTransaction, ShardEnvironment, let_lmdb_calls_release_the_gil
+from shard_server.storage.lmdb_store import (
+    LmdbShardTransaction,
+    OpenBatch,
+    ShardEnvironment,
+    let_lmdb_calls_release_the_gil,
+)
 from shardq.errors import Reason, ShardqError
 
 T = TypeVar("T")
@@ -52,6 +64,10 @@ Work = Callable[[LmdbShardTransaction, ShardContext, int], T]
 NewestSeq = Callable[[T], int]
 
 log = logging.getLogger(__name__)
+
+# Loop turns between answering a batch committed ahead on the event loop and its LMDB
+# commit there (see GroupCommitter._run_batch_on_loop).
+LOOP_TURNS_BEFORE_COMMIT = 4
 
 
 def wall_clock_ms() -> int:
@@ -76,6 +92,23 @@ class _Batch:
     error: Exception | None = None
 
 
+@dataclasses.dataclass(slots=True)
+class _Begun:
+    """A batch whose work ran in a write transaction not yet committed (GroupCommitter._begin)."""
+
+    requests: list[_Request[Any]]
+    outcomes: list[tuple[bool, Any]]
+    opened: OpenBatch[None]
+    at_ms: int
+    epoch: int
+    last_seq: int
+    # When the transaction began (perf_counter): CommitReport.seconds runs from here.
+    started: float
+
+    def answers(self) -> list[tuple[asyncio.Future[Any], bool, Any]]:
+        return [(request.future, *outcome) for request, outcome in zip(self.requests, self.outcomes, strict=True)]
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class CommitReport:
     """What one committed batch did: for metrics and for waking receivers."""
@@ -87,8 +120,9 @@ class CommitReport:
     # Replicated shards: the newest message seq once the batch committed (durable when
     # the batch has replicated); 0 otherwise.
     last_seq: int = 0
-    # From the write transaction's start to its commit returning: the batch's LMDB work
-    # and the syncs that made it durable (what the disk costs every answer that waits).
+    # From the write transaction's start until the batch was durable: its LMDB work and
+    # the synchronous writes that made it so (the commit-ahead write, when there was one,
+    # else LMDB's commit): what the disk costs every answer that waits.
     seconds: float = 0.0
 
 
@@ -125,8 +159,8 @@ class WriterThread:
         # The server's calls in progress: a batch holding fewer requests than there are
         # calls leaves the event loop other work to do while its fsync runs.
         self.calls = calls
-        # When the last batch run on the event loop ended, and how long it took: calls that
-        # gRPC received while the loop was blocked in it are not counted anywhere yet.
+        # When the last batch run on the event loop answered, and how long it blocked the loop
+        # until then: calls that gRPC received meanwhile are not counted anywhere yet.
         self.loop_commit_ended_at = 0.0
         self.loop_commit_took = 0.0
         # Batches and exclusive work handed to the thread and not yet finished, and
@@ -150,12 +184,14 @@ class WriterThreads:
     only with LMDB calls releasing the GIL, which they are then made to do.
     """
 
-    def __init__(self, count: int = 1, *, commit_on_loop_when_idle: bool = True) -> None:
+    def __init__(self, count: int = 1, *, commit_on_loop_when_idle: bool = True, commit_ahead: bool = True) -> None:
         if count < 1:
             raise ValueError(f"writer threads must be at least 1, got {count}")
         if count > 1:
             let_lmdb_calls_release_the_gil()
         self.calls = CallsInProgress()
+        # Whether standalone shards' environments commit ahead (storage.commit_ahead).
+        self.commit_ahead = commit_ahead
         self._threads = [
             WriterThread(f"writer-{i}", commit_on_loop_when_idle=commit_on_loop_when_idle, calls=self.calls)
             for i in range(count)
@@ -191,6 +227,9 @@ class GroupCommitter:
         self._clock_ms = clock_ms
         # This shard's writer thread (shared with other shards, see WriterThreads).
         self._thread = thread
+        # Set when LMDB failed to commit a batch already answered from the commit-ahead file:
+        # nothing more may be written over the missing batch until reopening recovers it.
+        self._stopped_by: Exception | None = None
         # Set while a batch is due on the event loop: exclusive work waits for it.
         self._loop_batch: asyncio.Future[None] | None = None
         # Appended on the event loop, taken whole by the writer thread.
@@ -223,6 +262,8 @@ class GroupCommitter:
         """
         if self._closed:
             raise ShardqError(Reason.SHUTTING_DOWN, "the server is shutting down")
+        if self._stopped_by is not None:
+            raise self._stopped_refusal()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         with self._pending_lock:
@@ -230,6 +271,13 @@ class GroupCommitter:
         if not self._busy:
             self._start_batch(loop)
         return future
+
+    def _stopped_refusal(self) -> ShardqError:
+        return ShardqError(
+            Reason.UNAVAILABLE,
+            f"this shard stopped writing when a commit failed ({self._stopped_by}); "
+            "restarting the server recovers its last batch from the commit-ahead file",
+        )
 
     @property
     def collecting(self) -> bool:
@@ -264,29 +312,72 @@ class GroupCommitter:
             answers_early = any(request.answer_before_commit is not None for request in self._pending)
         due, self._loop_batch = self._loop_batch, None
         thread = self._thread
-        try:
-            started = time.monotonic()
-            # A batch starting sooner after the last one on the loop than that one took
-            # means calls kept arriving while the loop was blocked: that is load.
-            soon_after = started - thread.loop_commit_ended_at < thread.loop_commit_took
-            if answers_early or soon_after or thread.outstanding > 1 or thread.calls.count > requests:
-                # A receive answers as soon as its claims are decided, while the commit runs:
-                # on the event loop its answer could only go out after the fsync. And when
-                # other calls are in progress (other shards' batches went to the writer, or
-                # calls are being received or answered), the loop has their work to do while
-                # this batch's fsync runs on the writer.
+        started = time.monotonic()
+        # A batch starting sooner after the last one on the loop answered than that one
+        # took to answer means calls kept arriving while the loop was blocked: that is load.
+        soon_after = started - thread.loop_commit_ended_at < thread.loop_commit_took
+        if answers_early or soon_after or thread.outstanding > 1 or thread.calls.count > requests:
+            # A receive answers as soon as its claims are decided, while the commit runs:
+            # on the event loop its answer could only go out after the fsync. And when
+            # other calls are in progress (other shards' batches went to the writer, or
+            # calls are being received or answered), the loop has their work to do while
+            # this batch's fsync runs on the writer.
+            try:
                 self._submit_batch(loop)
-            else:
-                finished: concurrent.futures.Future[_Batch] = concurrent.futures.Future()
-                finished.set_result(self._run_batch(loop))
-                thread.loop_commit_ended_at = time.monotonic()
-                thread.loop_commit_took = thread.loop_commit_ended_at - started
-                self._finish_batch(loop, finished)
+            finally:
+                if due is not None:
+                    due.set_result(None)  # exclusive work may be queued now: it runs after this batch
+            return
+        with self._pending_lock:
+            batch, self._pending = self._pending, []
+            self._collecting = False
+        try:
+            begun = self._begin(loop, batch)
+        except Exception as error:
+            self._note_loop_blocked(started)
+            self._finish_on_loop(loop, _Batch(batch, [], None, error), due)
+            return
+        if not begun.opened.written_ahead:
+            completed = self._completed(begun)
+            self._note_loop_blocked(started)
+            self._finish_on_loop(loop, completed, due)
+            return
+        # Durable already: answered now, and committed to LMDB a few loop turns later, once
+        # the answers' handlers have handed their responses to gRPC, whose own thread sends
+        # them while this thread commits. A unary send's handler does in one turn; a stream's
+        # answer goes through a task, a queue and the response generator, and an
+        # acknowledgement on a consume stream through a gather besides: four turns let
+        # them all out first (two left stream deletes waiting for the commit: README,
+        # Latency). What the answers waited for is what tells load apart (soon_after).
+        _resolve_all(begun.answers())
+        self._note_loop_blocked(started)
+        _after_loop_turns(
+            loop, LOOP_TURNS_BEFORE_COMMIT, lambda: self._finish_on_loop(loop, self._completed(begun), due)
+        )
+
+    def _note_loop_blocked(self, started: float) -> None:
+        """The batch on the event loop has answered; it blocked the loop since `started`."""
+        thread = self._thread
+        thread.loop_commit_ended_at = time.monotonic()
+        thread.loop_commit_took = thread.loop_commit_ended_at - started
+
+    def _completed(self, begun: _Begun) -> _Batch:
+        try:
+            return _Batch(begun.requests, begun.outcomes, self._complete(begun))
+        except Exception as error:
+            return _Batch(begun.requests, [], None, error)
+
+    def _finish_on_loop(self, loop: asyncio.AbstractEventLoop, batch: _Batch, due: asyncio.Future[None] | None) -> None:
+        try:
+            finished: concurrent.futures.Future[_Batch] = concurrent.futures.Future()
+            finished.set_result(batch)
+            self._finish_batch(loop, finished)
         finally:
             if due is not None:
                 due.set_result(None)  # exclusive work may be queued now: it runs after this batch
 
     def _run_batch(self, loop: asyncio.AbstractEventLoop) -> _Batch:
+        """A batch on the writer thread: begun, answered if written ahead, committed."""
         # The batch is formed when the writer thread gets to it, not when it was
         # queued: the thread is shared, and everything that arrived while other
         # shards were committing joins this one transaction and fsync.
@@ -294,13 +385,23 @@ class GroupCommitter:
             batch, self._pending = self._pending, []
             self._collecting = False
         try:
-            return _Batch(batch, *self._commit(loop, batch))
+            begun = self._begin(loop, batch)
+            try:
+                if begun.opened.written_ahead:
+                    loop.call_soon_threadsafe(_resolve_all, begun.answers())
+            finally:
+                report = self._complete(begun)
+            return _Batch(batch, begun.outcomes, report)
         except Exception as error:  # answered on the event loop, request by request
             return _Batch(batch, [], None, error)
 
-    def _commit(
-        self, loop: asyncio.AbstractEventLoop, batch: list[_Request[Any]]
-    ) -> tuple[list[tuple[bool, Any]], CommitReport]:
+    def _begin(self, loop: asyncio.AbstractEventLoop, batch: list[_Request[Any]]) -> _Begun:
+        """Run the batch's work in a write transaction and add its log entry (written ahead
+        when the environment commits ahead); committed by _complete, on the same thread."""
+        if self._stopped_by is not None:
+            # Queued while the failed batch ran: written now, it would build on state that
+            # lacks that batch, and the commit-ahead file would lose it.
+            raise self._stopped_refusal()
         # Non-decreasing per shard, so seq order is send-time order (retention relies on it).
         now_ms = max(self._clock_ms(), self._last_now_ms)
         self._last_now_ms = now_ms
@@ -332,9 +433,23 @@ class GroupCommitter:
                 last_seq = tx.last_seq()
 
         started = time.perf_counter()
-        _, index = self.environment.write(run_all, epoch=context.epoch, at_ms=now_ms)
-        took = time.perf_counter() - started
-        return outcomes, CommitReport(len(batch), index, now_ms, context.epoch, last_seq, seconds=took)
+        opened = self.environment.begin_batch(run_all, epoch=context.epoch, at_ms=now_ms)
+        return _Begun(batch, outcomes, opened, now_ms, context.epoch, last_seq, started)
+
+    def _complete(self, begun: _Begun) -> CommitReport:
+        try:
+            begun.opened.commit()
+        except Exception as error:
+            if begun.opened.written_ahead:
+                log.critical("a commit failed after its batch was answered; this shard stops writing", exc_info=True)
+                self._stopped_by = error
+            raise
+        # Until durable: what the batch's answers waited for (the write ahead, when there was one).
+        durable_at = begun.opened.written_ahead_at or time.perf_counter()
+        took = durable_at - begun.started
+        return CommitReport(
+            len(begun.requests), begun.opened.index, begun.at_ms, begun.epoch, begun.last_seq, seconds=took
+        )
 
     def _finish_batch(self, loop: asyncio.AbstractEventLoop, finished: concurrent.futures.Future[_Batch]) -> None:
         self._thread.outstanding -= 1
@@ -343,9 +458,12 @@ class GroupCommitter:
         batch = result.requests
         if result.error is not None or result.report is None:
             log.error("shard commit failed; %d requests get an error", len(batch), exc_info=result.error)
+            error = result.error
+            if not isinstance(error, ShardqError):
+                error = ShardqError(Reason.UNAVAILABLE, f"commit failed: {error}")
             for request in batch:
                 if not request.future.done():
-                    request.future.set_exception(ShardqError(Reason.UNAVAILABLE, f"commit failed: {result.error}"))
+                    request.future.set_exception(error)
         else:
             report = result.report
             answers = [(request.future, ok, value) for request, (ok, value) in zip(batch, result.outcomes, strict=True)]
@@ -413,6 +531,14 @@ class GroupCommitter:
             await self._idle.wait()
         if self._exclusive:
             await asyncio.wait(set(self._exclusive))
+
+
+def _after_loop_turns(loop: asyncio.AbstractEventLoop, turns: int, callback: Callable[[], None]) -> None:
+    """Run `callback` on the event loop `turns` turns from now (what those turns schedule first runs first)."""
+    if turns <= 0:
+        callback()
+    else:
+        loop.call_soon(_after_loop_turns, loop, turns - 1, callback)
 
 
 def _resolve_all(outcomes: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:

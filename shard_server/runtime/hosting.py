@@ -31,6 +31,7 @@ from shard_server.domain.routing import choose_shard
 from shard_server.domain.sending import SendOutcome
 from shard_server.runtime.committing import CommitReport, GroupCommitter, Work, WriterThreads, wall_clock_ms
 from shard_server.runtime.forwarding import LeaderCalls, Router
+from shard_server.storage import replica_log
 from shard_server.storage.closing_gate import EnvironmentClosed
 from shard_server.storage.lmdb_store import (
     DEFAULT_MAP_SIZE,
@@ -292,6 +293,15 @@ class HostedQueue:
         indexes = range(config.shards) if local_shards is None else local_shards
         for index in indexes:
             environment = self.open_environment(index)
+            recovered = replica_log.recover_committed_ahead(environment, fifo=config.fifo)
+            if recovered:
+                log.warning(
+                    "queue %r shard %d: applied log entry %d from the commit-ahead file "
+                    "(answered, but not yet committed to LMDB when the server stopped)",
+                    config.name,
+                    index,
+                    recovered,
+                )
             if router is None:
                 # Standalone leadership: every start is a new epoch, so a claim made
                 # just before a crash (answered, never committed) can never be
@@ -331,7 +341,12 @@ class HostedQueue:
 
     def open_environment(self, index: int) -> ShardEnvironment:
         return ShardEnvironment(
-            self.directory / f"shard-{index}", queue=self.config.name, shard=index, map_size=self.map_size
+            self.directory / f"shard-{index}",
+            queue=self.config.name,
+            shard=index,
+            map_size=self.map_size,
+            # Replicated shards send followers what LMDB holds, and answer once it replicated.
+            commit_ahead=self.writers.commit_ahead and self.router is None,
         )
 
     async def _other_shards_depth(self, target: int) -> int:
@@ -974,6 +989,7 @@ class QueueHost:
         *,
         map_size: int = DEFAULT_MAP_SIZE,
         writer_threads: int = 1,
+        commit_ahead: bool = True,
         cluster: ClusterMap | None = None,
         server_id: str = "",
         router: Router | None = None,
@@ -987,7 +1003,7 @@ class QueueHost:
         self.advertised_address = ""
         self.queues: dict[str, HostedQueue] = {}
         self.map_size = map_size
-        self.writers = WriterThreads(writer_threads)
+        self.writers = WriterThreads(writer_threads, commit_ahead=commit_ahead)
         for config in configs:
             if config.name in self.queues:
                 raise ValueError(f"queue {config.name!r} is configured twice")

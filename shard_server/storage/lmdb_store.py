@@ -1,9 +1,10 @@
 """One LMDB environment per shard replica, and the ShardStore over one transaction.
 
 A write transaction holds one batch of requests (group commit): their effects
-and the log entry recording them are committed together with one fsync.
-LMDB write transactions belong to the thread that opened them, so callers run
-`ShardEnvironment.write` on the shard's own writer thread.
+and the log entry recording them are committed together, durably (a standalone
+shard's entry is written ahead first: storage.commit_ahead). LMDB write
+transactions belong to the thread that opened them, so a batch begun on a thread
+(`ShardEnvironment.begin_batch`) is committed on that thread.
 """
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ import json
 import os
 import pathlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 import lmdb
 
 from shard_server.domain.events import DeliveryChanged, Event, LogEntry, Sent
 from shard_server.domain.messages import Delivery, DeliveryState, MessageRecord
+from shard_server.storage import commit_ahead as commit_ahead_file
 from shard_server.storage import keys
 from shard_server.storage.closing_gate import CloseGate, EnvironmentClosed
 from shard_server.storage.codecs import (
@@ -36,6 +39,7 @@ from shard_server.storage.codecs import (
     encode_record,
     encode_sent,
 )
+from shard_server.storage.commit_ahead import CommitAheadFile
 
 T = TypeVar("T")
 
@@ -79,10 +83,22 @@ def let_lmdb_calls_release_the_gil() -> None:
 
 
 class ShardEnvironment:
-    def __init__(self, path: pathlib.Path, *, queue: str, shard: int, map_size: int = DEFAULT_MAP_SIZE) -> None:
+    def __init__(
+        self,
+        path: pathlib.Path,
+        *,
+        queue: str,
+        shard: int,
+        map_size: int = DEFAULT_MAP_SIZE,
+        commit_ahead: bool = False,
+    ) -> None:
+        """`commit_ahead`: batches' entries are written ahead and LMDB skips its meta sync
+        (storage.commit_ahead); standalone shards only, as replicated ones send followers
+        what LMDB holds."""
         path.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.gate = CloseGate(f"queue {queue!r} shard {shard}")
+        self.commits_ahead = commit_ahead
         self.env = lmdb.open(
             str(path),
             map_size=map_size,
@@ -91,7 +107,10 @@ class ShardEnvironment:
             # Read transactions are used from executor threads and generators.
             lock=True,
             sync=True,
-            metasync=True,
+            # Committing ahead, a commit's meta page becomes durable with the next commit's
+            # sync; the commit-ahead file holds what that leaves undone, and transactions
+            # not written ahead are synced when they commit (see _transaction).
+            metasync=not commit_ahead,
         )
         self.dbs = {name: self.env.open_db(name) for name in keys.ALL_DBS}
         identity = json.dumps({"queue": queue, "shard": shard}).encode()
@@ -103,26 +122,87 @@ class ShardEnvironment:
                 raise IdentityMismatch(f"{path} holds {stored.decode()}, not queue {queue!r} shard {shard}")
             if txn.get(keys.META_INCARNATION, db=self.dbs[keys.DB_META]) is None:
                 txn.put(keys.META_INCARNATION, os.urandom(6).hex().encode(), db=self.dbs[keys.DB_META])
+        # Opened without committing ahead too, if there: it may hold batches LMDB lacks.
+        self._ahead: CommitAheadFile | None = None
+        if commit_ahead or (path / commit_ahead_file.FILE_NAME).exists():
+            self._ahead = CommitAheadFile(path, create=commit_ahead)
+        self._incarnation = self.incarnation()
 
     def close(self) -> None:
         """Close once every thread using the environment has left it (see closing_gate)."""
-        self.gate.close(self.env.close)
+
+        def close_files() -> None:
+            self.env.close()
+            if self._ahead is not None:
+                self._ahead.close()
+
+        self.gate.close(close_files)
 
     def write(self, work: Callable[[LmdbShardTransaction], T], *, epoch: int, at_ms: int) -> tuple[T, int]:
-        """Run `work` in one write transaction and commit it with its log entry.
+        """Run `work` in one write transaction and commit it durably with its log entry.
 
         Returns the work's result and the log index written (0 if no events).
         """
-        with self.write_transaction() as tx:
+        batch = self.begin_batch(work, epoch=epoch, at_ms=at_ms)
+        batch.commit()
+        return batch.result, batch.index
+
+    def begin_batch(self, work: Callable[[LmdbShardTransaction], T], *, epoch: int, at_ms: int) -> OpenBatch[T]:
+        """Run `work` in a write transaction, add its log entry, and leave it to commit.
+
+        Committing ahead, an entry that fits the commit-ahead file is written there first
+        (`written_ahead`): the batch counts as written from then on, and may be answered
+        before its commit, even if LMDB's commit then fails (reopening the shard recovers
+        it). Otherwise the batch is durable once committed. The caller commits on the
+        thread that called this (LMDB write transactions belong to their thread).
+        """
+        self.gate.enter()
+        try:
+            txn = self.env.begin(write=True)
+        except BaseException:
+            self.gate.leave()
+            raise
+        try:
+            tx = LmdbShardTransaction(txn, self.dbs)
             result = work(tx)
             index = tx.write_log_entry(epoch=epoch, at_ms=at_ms)
-        return result, index
+            entry = tx.written_entry
+            ahead = self._ahead if self.commits_ahead else None
+            written_ahead_at = None
+            if ahead is not None and entry is not None and ahead.fits(len(entry)):
+                ahead.write(entry, index=index, incarnation=self._incarnation)
+                written_ahead_at = time.perf_counter()
+        except BaseException:
+            txn.abort()
+            self.gate.leave()
+            raise
+        return OpenBatch(self, txn, result, index, written_ahead_at=written_ahead_at)
+
+    def committed_ahead(self) -> list[bytes]:
+        """The entries written ahead for this copy of the data (LMDB may hold them already)."""
+        return [] if self._ahead is None else self._ahead.read(incarnation=self._incarnation)
 
     @contextmanager
     def write_transaction(self) -> Iterator[LmdbShardTransaction]:
-        """A raw write transaction (replica log appends); committed when the block ends cleanly."""
-        with self.gate.entered(), self.env.begin(write=True) as txn:
-            yield LmdbShardTransaction(txn, self.dbs)
+        """A raw write transaction (replica log appends); committed, durably, when the block ends cleanly."""
+        with self._transaction() as tx:
+            yield tx
+
+    @contextmanager
+    def _transaction(self) -> Iterator[LmdbShardTransaction]:
+        """A write transaction, durable once committed."""
+        with self.gate.entered():
+            with self.env.begin(write=True) as txn:
+                txn_id = txn.id()
+                yield LmdbShardTransaction(txn, self.dbs)
+            self.sync_if_committed(txn_id)
+
+    def sync_if_committed(self, txn_id: int) -> None:
+        """Make transaction `txn_id`, just committed without being written ahead, durable:
+        LMDB's meta page is not synced when committing ahead."""
+        # LMDB commits an empty transaction without writing: its id is then not the last.
+        if self.commits_ahead and self.env.info()["last_txnid"] == txn_id:
+            self.env.sync(True)
 
     @contextmanager
     def read(self) -> Iterator[LmdbShardTransaction]:
@@ -149,6 +229,7 @@ class ShardEnvironment:
         incarnation = os.urandom(6).hex()
         with self.write_transaction() as tx:
             tx.txn.put(keys.META_INCARNATION, incarnation.encode(), db=self.dbs[keys.DB_META])
+        self._incarnation = incarnation
         return incarnation
 
     def epoch(self) -> int:
@@ -168,6 +249,43 @@ class ShardEnvironment:
         destination.mkdir(parents=True, exist_ok=True)
         with self.gate.entered():
             self.env.copy(str(destination), compact=True)
+
+
+class OpenBatch(Generic[T]):
+    """A batch's write transaction with its work done and its log entry added, not yet
+    committed (ShardEnvironment.begin_batch); committed or aborted exactly once, on the
+    thread that began it."""
+
+    def __init__(
+        self,
+        environment: ShardEnvironment,
+        txn: lmdb.Transaction,
+        result: T,
+        index: int,
+        *,
+        written_ahead_at: float | None,
+    ) -> None:
+        self._environment = environment
+        self._txn = txn
+        self.result = result
+        # The log index written (0 if no events).
+        self.index = index
+        # When the entry was written ahead (time.perf_counter), if it was: durable since.
+        self.written_ahead_at = written_ahead_at
+
+    @property
+    def written_ahead(self) -> bool:
+        return self.written_ahead_at is not None
+
+    def commit(self) -> None:
+        """Commit to LMDB: durable when this returns (raises if LMDB's commit failed)."""
+        try:
+            txn_id = self._txn.id()
+            self._txn.commit()
+            if not self.written_ahead:
+                self._environment.sync_if_committed(txn_id)
+        finally:
+            self._environment.gate.leave()
 
 
 class HeldRead:
@@ -239,6 +357,8 @@ class LmdbShardTransaction:
         self._meta = dbs[keys.DB_META]
         self._log = dbs[keys.DB_LOG]
         self._events: list[bytes] = []
+        # The log entry write_log_entry encoded, for committing it ahead (commit_ahead).
+        self.written_entry: bytes | None = None
         self._last_seq: int | None = None
         # Written once per transaction (flush_meta), not once per message.
         self._last_seq_dirty = False
@@ -507,6 +627,7 @@ class LmdbShardTransaction:
             return 0
         index = self.last_index() + 1
         entry = encode_entry(epoch=epoch, index=index, at_ms=at_ms, encoded_events=self._events)
+        self.written_entry = entry
         self.txn.put(keys.U64.pack(index), entry, db=self._log, append=True)
         packed = keys.U64.pack(index)
         self.txn.put(keys.META_LAST_INDEX, packed, db=self._meta)

@@ -24,7 +24,7 @@ from shard_server.domain import receiving, sending
 from shard_server.domain.context import ShardContext
 from shard_server.domain.messages import NewMessage
 from shard_server.runtime.committing import CommitReport, GroupCommitter, WriterThreads
-from shard_server.storage.lmdb_store import LmdbShardTransaction, ShardEnvironment
+from shard_server.storage.lmdb_store import LmdbShardTransaction, OpenBatch, ShardEnvironment
 from shardq.errors import Reason, ShardqError
 from shardq.queues import QueueConfig
 
@@ -37,7 +37,7 @@ class CrashingEnvironment(ShardEnvironment):
 
     lose_next_commit = False
 
-    def write(self, work: Callable[[LmdbShardTransaction], T], *, epoch: int, at_ms: int) -> tuple[T, int]:
+    def begin_batch(self, work: Callable[[LmdbShardTransaction], T], *, epoch: int, at_ms: int) -> OpenBatch[T]:
         def then_crash(tx: LmdbShardTransaction) -> T:
             result = work(tx)
             if self.lose_next_commit:
@@ -45,7 +45,7 @@ class CrashingEnvironment(ShardEnvironment):
                 raise RuntimeError("the process died before this commit")  # aborts the transaction
             return result
 
-        return super().write(then_crash, epoch=epoch, at_ms=at_ms)
+        return super().begin_batch(then_crash, epoch=epoch, at_ms=at_ms)
 
 
 @pytest.fixture

@@ -1,6 +1,11 @@
 """A batch runs on the event loop when its shard's writer thread has nothing to do, and
 on the writer thread otherwise; either way the requests of one loop turn share one
-transaction, answers come after the commit, and exclusive work keeps its order."""
+transaction, answers come after the commit, and exclusive work keeps its order.
+
+These environments do not commit ahead (replicated shards' do not, nor any with
+--no-commit-ahead); a batch committed ahead always runs on the writer thread
+(tests/unit/test_a_batch_committed_ahead_answers_before_lmdb_commits.py).
+"""
 
 from __future__ import annotations
 

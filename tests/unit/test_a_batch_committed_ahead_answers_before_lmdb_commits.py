@@ -1,0 +1,296 @@
+"""A standalone shard answers a batch once its log entry is durable in the commit-ahead
+file, before LMDB's commit; a crash before LMDB holds the batch durably loses nothing
+answered, since opening the shard applies the entries again and ends in exactly the
+state the commits would have left.
+
+LMDB's commit is held, or made to fail, by an environment that wraps the hook run just
+before it: a real commit cannot be timed to stop at that instant, nor made to fail on
+demand. The crash is the real on-disk state it can leave: the data file as it was up to
+two batches earlier (LMDB's meta page of a commit becomes durable with the next one),
+beside the commit-ahead file written for those batches. The store, the work, the files
+and the committer are the real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import pathlib
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import pytest
+
+from shard_server.domain import sending
+from shard_server.domain.context import ShardContext
+from shard_server.domain.events import Sent
+from shard_server.domain.messages import NewMessage
+from shard_server.runtime.committing import CommitReport, GroupCommitter, WriterThreads
+from shard_server.storage import commit_ahead, keys, replica_log
+from shard_server.storage.codecs import decode_entry
+from shard_server.storage.lmdb_store import LmdbShardTransaction, OpenBatch, ShardEnvironment
+from shardq.errors import Reason, ShardqError
+from shardq.queues import QueueConfig
+
+CONFIG = QueueConfig(name="orders", shards=1)
+T = TypeVar("T")
+
+
+class HeldCommitEnvironment(ShardEnvironment):
+    """An environment whose next LMDB commit of a batch written ahead can be held, or made to fail."""
+
+    hold_next_commit = False
+    fail_next_commit = False
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.commit_held = threading.Event()
+        self.release_commit = threading.Event()
+
+    def begin_batch(self, work: Callable[[LmdbShardTransaction], T], *, epoch: int, at_ms: int) -> OpenBatch[T]:
+        batch = super().begin_batch(work, epoch=epoch, at_ms=at_ms)
+        commit = batch.commit
+        if batch.written_ahead and self.hold_next_commit:
+            self.hold_next_commit = False
+
+            def held() -> None:
+                self.commit_held.set()
+                assert self.release_commit.wait(10), "the test never released the commit"
+                commit()
+
+            batch.commit = held  # type: ignore[method-assign]
+        elif batch.written_ahead and self.fail_next_commit:
+            self.fail_next_commit = False
+
+            def failing() -> None:
+                batch._txn.abort()  # LMDB's commit below then fails, as a failed write or sync would
+                commit()
+
+            batch.commit = failing  # type: ignore[method-assign]
+        return batch
+
+
+def open_environment(directory: pathlib.Path) -> HeldCommitEnvironment:
+    return HeldCommitEnvironment(directory, queue=CONFIG.name, shard=0, map_size=1 << 26, commit_ahead=True)
+
+
+@pytest.fixture
+def environment(tmp_path: pathlib.Path) -> Iterator[HeldCommitEnvironment]:
+    opened = open_environment(tmp_path / "shard-0")
+    yield opened
+    opened.close()
+
+
+def committer(environment: ShardEnvironment, writers: WriterThreads) -> GroupCommitter:
+    reports: list[CommitReport] = []
+    return GroupCommitter(
+        environment, functools.partial(ShardContext, CONFIG, 0, 1), thread=writers.assign(), on_commit=reports.append
+    )
+
+
+def send(*bodies: bytes) -> Callable[[LmdbShardTransaction, ShardContext, int], list[sending.SendOutcome]]:
+    messages = [NewMessage(body=body, attributes={}, group_id="", dedup_id="", delay_ms=0) for body in bodies]
+    return lambda tx, context, now: sending.send_messages(tx, context, messages, now_ms=now)
+
+
+def stored_bodies(environment: ShardEnvironment) -> list[bytes]:
+    with environment.read() as tx:
+        seqs = [seq for seq, _ in tx.oldest_messages(after_seq=0, limit=100)]
+        records = [tx.get_record(seq) for seq in seqs]
+    return [record.body for record in records if record is not None]
+
+
+def bodies_in(entry: bytes) -> list[bytes]:
+    return [event.record.body for event in decode_entry(entry).events if isinstance(event, Sent)]
+
+
+def everything_stored(environment: ShardEnvironment) -> dict[bytes, list[tuple[bytes, bytes]]]:
+    """Every key and value of every sub-database."""
+    with environment.read() as tx:
+        return {
+            name: [(bytes(key), bytes(value)) for key, value in tx.txn.cursor(db=environment.dbs[name])]
+            for name in keys.ALL_DBS
+        }
+
+
+def test_a_lone_send_on_the_event_loop_is_answered_before_lmdb_commits(environment: HeldCommitEnvironment) -> None:
+    async def scenario() -> None:
+        writers = WriterThreads(1)  # a lone request's batch runs on the event loop
+        shard = committer(environment, writers)
+        seen_when_answered: list[tuple[list[bytes], list[bytes]]] = []
+
+        def look(_: object) -> None:
+            ahead = [body for entry in environment.committed_ahead() for body in bodies_in(entry)]
+            seen_when_answered.append((stored_bodies(environment), ahead))
+
+        answer = shard.enqueue(send(b"answered ahead"))
+        answer.add_done_callback(look)
+        assert [sent.seq for sent in await asyncio.wait_for(answer, 5)] == [1]
+        # Answered while only the commit-ahead file held it; LMDB committed it right after.
+        assert seen_when_answered == [([], [b"answered ahead"])]
+        await shard.close()
+        assert stored_bodies(environment) == [b"answered ahead"]
+        writers.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_send_on_the_writer_thread_is_answered_while_lmdb_still_commits(
+    environment: HeldCommitEnvironment,
+) -> None:
+    async def scenario() -> None:
+        writers = WriterThreads(1, commit_on_loop_when_idle=False)
+        shard = committer(environment, writers)
+        environment.hold_next_commit = True
+        outcome = await asyncio.wait_for(shard.submit(send(b"answered ahead")), 5)
+        assert environment.commit_held.is_set()
+        assert [sent.seq for sent in outcome] == [1]
+        # Answered while LMDB has not committed it: only the commit-ahead file holds it.
+        assert stored_bodies(environment) == []
+        written = environment.committed_ahead()
+        assert len(written) == 1
+        assert decode_entry(written[0]).index == 1
+        assert bodies_in(written[0]) == [b"answered ahead"]
+        environment.release_commit.set()
+        await shard.close()
+        assert stored_bodies(environment) == [b"answered ahead"]
+        writers.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_batch_too_large_for_the_file_is_answered_once_lmdb_committed_it(environment: HeldCommitEnvironment) -> None:
+    async def scenario() -> None:
+        writers = WriterThreads(1)
+        shard = committer(environment, writers)
+        large = [bytes([n]) * (300 << 10) for n in range(4)]  # 1.2 MiB of bodies, over a slot's 1 MiB
+        stored_when_answered: list[list[bytes]] = []
+        answer = shard.enqueue(send(*large))
+        answer.add_done_callback(lambda _: stored_when_answered.append(stored_bodies(environment)))
+        assert len(await asyncio.wait_for(answer, 5)) == 4
+        assert stored_when_answered == [large]
+        assert environment.committed_ahead() == []
+        await shard.close()
+        writers.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_crash_before_lmdb_commits_recovers_exactly_the_committed_state(tmp_path: pathlib.Path) -> None:
+    directory = tmp_path / "shard-0"
+    before_batch = tmp_path / "before-batch"
+    before_batch.mkdir()
+    environment = open_environment(directory)
+
+    async def scenario() -> dict[bytes, list[tuple[bytes, bytes]]]:
+        writers = WriterThreads(1)
+        shard = committer(environment, writers)
+        await shard.submit(send(b"first"))
+        # The data file as the disk may hold it after the next two batches' LMDB commits:
+        # the first of them has its meta page synced only by the second's sync.
+        await asyncio.to_thread(environment.env.copy, str(before_batch))
+        await shard.submit(send(b"second", b"third"))
+        await shard.submit(send(b"fourth"))
+        await shard.close()
+        writers.shutdown()
+        return everything_stored(environment)
+
+    committed = asyncio.run(scenario())
+    environment.close()
+    # The crash: LMDB's commits of the last two batches never became durable; their entries did.
+    shutil.copyfile(before_batch / "data.mdb", directory / "data.mdb")
+    reopened = open_environment(directory)
+    try:
+        assert stored_bodies(reopened) == [b"first"]
+        assert replica_log.recover_committed_ahead(reopened, fifo=CONFIG.fifo) == 3
+        assert stored_bodies(reopened) == [b"first", b"second", b"third", b"fourth"]
+        assert everything_stored(reopened) == committed
+        # Held by LMDB now: opening again applies nothing twice.
+        assert replica_log.recover_committed_ahead(reopened, fifo=CONFIG.fifo) == 0
+        assert everything_stored(reopened) == committed
+    finally:
+        reopened.close()
+
+
+def test_a_record_left_beside_another_copy_of_the_data_never_applies(tmp_path: pathlib.Path) -> None:
+    directory = tmp_path / "shard-0"
+    before_batch = tmp_path / "before-batch"
+    before_batch.mkdir()
+    environment = open_environment(directory)
+
+    async def scenario() -> None:
+        writers = WriterThreads(1)
+        shard = committer(environment, writers)
+        await shard.submit(send(b"first"))
+        await asyncio.to_thread(environment.env.copy, str(before_batch))
+        await shard.submit(send(b"second"))
+        await shard.close()
+        writers.shutdown()
+
+    asyncio.run(scenario())
+    environment.close()
+    shutil.copyfile(before_batch / "data.mdb", directory / "data.mdb")
+    reopened = open_environment(directory)
+    try:
+        reopened.renew_incarnation()  # as installing a snapshot does: another copy of the data
+        assert replica_log.recover_committed_ahead(reopened, fifo=CONFIG.fifo) == 0
+        assert stored_bodies(reopened) == [b"first"]
+    finally:
+        reopened.close()
+
+
+def test_a_failed_commit_after_answering_stops_the_shard_until_reopening_recovers_it(
+    tmp_path: pathlib.Path,
+) -> None:
+    directory = tmp_path / "shard-0"
+    environment = open_environment(directory)
+
+    async def scenario() -> None:
+        writers = WriterThreads(1, commit_on_loop_when_idle=False)
+        shard = committer(environment, writers)
+        await shard.submit(send(b"committed"))
+        environment.fail_next_commit = True
+        answered = await shard.submit(send(b"answered, then its commit failed"))
+        assert [sent.seq for sent in answered] == [2]
+        assert stored_bodies(environment) == [b"committed"]
+        with pytest.raises(ShardqError) as refused:
+            await shard.submit(send(b"would be written over the missing batch"))
+        assert refused.value.reason is Reason.UNAVAILABLE
+        assert "restarting the server recovers" in str(refused.value)
+        await shard.close()
+        writers.shutdown()
+
+    asyncio.run(scenario())
+    environment.close()
+    reopened = open_environment(directory)
+    try:
+        assert replica_log.recover_committed_ahead(reopened, fifo=CONFIG.fifo) == 2
+        assert stored_bodies(reopened) == [b"committed", b"answered, then its commit failed"]
+    finally:
+        reopened.close()
+
+
+def test_a_torn_record_is_ignored(tmp_path: pathlib.Path) -> None:
+    records = commit_ahead.CommitAheadFile(tmp_path)
+    try:
+        assert records.read(incarnation="a1b2c3d4e5f6") == []  # zeros: nothing written yet
+        older, newer = os.urandom(3000), os.urandom(5000)
+        records.write(older, index=7, incarnation="a1b2c3d4e5f6")
+        records.write(newer, index=8, incarnation="a1b2c3d4e5f6")
+        assert sorted(records.read(incarnation="a1b2c3d4e5f6")) == sorted([older, newer])
+        assert records.read(incarnation="ffffffffffff") == []
+        # The write of index 8 stopped partway: the end of its record is still old bytes.
+        descriptor = os.open(tmp_path / commit_ahead.FILE_NAME, os.O_WRONLY)
+        try:
+            os.pwrite(descriptor, b"\0" * 1000, 4500)
+        finally:
+            os.close(descriptor)
+        assert records.read(incarnation="a1b2c3d4e5f6") == [older]
+    finally:
+        records.close()
+    assert (tmp_path / commit_ahead.FILE_NAME).stat().st_size == commit_ahead.CAPACITY
+    assert commit_ahead.CommitAheadFile.fits(commit_ahead.SLOT_SIZE - 64)
+    assert not commit_ahead.CommitAheadFile.fits(commit_ahead.SLOT_SIZE)
