@@ -50,8 +50,15 @@ class HeldCommitEnvironment(ShardEnvironment):
         self.commit_held = threading.Event()
         self.release_commit = threading.Event()
 
-    def begin_batch(self, work: Callable[[LmdbShardTransaction], T], *, epoch: int, at_ms: int) -> OpenBatch[T]:
-        batch = super().begin_batch(work, epoch=epoch, at_ms=at_ms)
+    def begin_batch(
+        self,
+        work: Callable[[LmdbShardTransaction], T],
+        *,
+        epoch: int,
+        at_ms: int,
+        write_ahead_if: Callable[[], bool] | None = None,
+    ) -> OpenBatch[T]:
+        batch = super().begin_batch(work, epoch=epoch, at_ms=at_ms, write_ahead_if=write_ahead_if)
         commit = batch.commit
         if batch.written_ahead and self.hold_next_commit:
             self.hold_next_commit = False
@@ -294,3 +301,33 @@ def test_a_torn_record_is_ignored(tmp_path: pathlib.Path) -> None:
     assert (tmp_path / commit_ahead.FILE_NAME).stat().st_size == commit_ahead.CAPACITY
     assert commit_ahead.CommitAheadFile.fits(commit_ahead.SLOT_SIZE - 64)
     assert not commit_ahead.CommitAheadFile.fits(commit_ahead.SLOT_SIZE)
+
+
+def test_on_a_busy_writer_thread_a_batch_with_others_behind_it_commits_the_usual_way(tmp_path: pathlib.Path) -> None:
+    """Writing ahead is one more synchronous write before the batches queued behind: a
+    batch is written ahead only while none waits for the thread."""
+    first, second, third = (open_environment(tmp_path / f"shard-{index}") for index in range(3))
+
+    async def scenario() -> None:
+        writers = WriterThreads(1, commit_on_loop_when_idle=False)  # the three shards share its thread
+        shards = [committer(environment, writers) for environment in (first, second, third)]
+        first.hold_next_commit = True
+        answers = [shards[0].enqueue(send(b"holds the thread"))]
+        assert await asyncio.to_thread(first.commit_held.wait, 5)
+        answers.append(shards[1].enqueue(send(b"another batch waits behind it")))
+        answers.append(shards[2].enqueue(send(b"nothing waits behind it")))
+        first.release_commit.set()
+        await asyncio.wait_for(asyncio.gather(*answers), 5)
+        for shard in shards:
+            await shard.close()
+        writers.shutdown()
+
+    try:
+        asyncio.run(scenario())
+        assert [bodies_in(entry) for entry in first.committed_ahead()] == [[b"holds the thread"]]
+        assert second.committed_ahead() == []  # the third shard's batch waited behind it
+        assert [bodies_in(entry) for entry in third.committed_ahead()] == [[b"nothing waits behind it"]]
+        assert stored_bodies(second) == [b"another batch waits behind it"]
+    finally:
+        for environment in (first, second, third):
+            environment.close()

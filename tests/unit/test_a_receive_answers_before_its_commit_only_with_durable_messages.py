@@ -37,7 +37,14 @@ class CrashingEnvironment(ShardEnvironment):
 
     lose_next_commit = False
 
-    def begin_batch(self, work: Callable[[LmdbShardTransaction], T], *, epoch: int, at_ms: int) -> OpenBatch[T]:
+    def begin_batch(
+        self,
+        work: Callable[[LmdbShardTransaction], T],
+        *,
+        epoch: int,
+        at_ms: int,
+        write_ahead_if: Callable[[], bool] | None = None,
+    ) -> OpenBatch[T]:
         def then_crash(tx: LmdbShardTransaction) -> T:
             result = work(tx)
             if self.lose_next_commit:
@@ -45,7 +52,7 @@ class CrashingEnvironment(ShardEnvironment):
                 raise RuntimeError("the process died before this commit")  # aborts the transaction
             return result
 
-        return super().begin_batch(then_crash, epoch=epoch, at_ms=at_ms)
+        return super().begin_batch(then_crash, epoch=epoch, at_ms=at_ms, write_ahead_if=write_ahead_if)
 
 
 @pytest.fixture
