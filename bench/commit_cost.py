@@ -1,8 +1,10 @@
 """What one durable commit costs on this disk, below shardq: the floor under a send.
 
-A send is answered after its LMDB write transaction commits. LMDB commits in two
-synchronous steps: it writes the transaction's dirty pages and fdatasyncs them, then
-writes the meta page through a second descriptor opened with O_DSYNC. This measures, on
+A send on a replicated shard (or a server run with --no-commit-ahead) is answered after
+its LMDB write transaction commits. LMDB commits in two synchronous steps: it writes the
+transaction's dirty pages and fdatasyncs them, then writes the meta page through a second
+descriptor opened with O_DSYNC. A standalone shard answers once its log entry is written
+ahead, and LMDB then commits without the meta sync (the .commit-ahead rows). This measures, on
 the disk holding --dir, with --samples commits each (p50 / p90 / p99 in µs):
 
   fdatasync.pages-N   pwrite N scattered 4 KiB pages of a file, then fdatasync
@@ -29,6 +31,12 @@ the disk holding --dir, with --samples commits each (p50 / p90 / p99 in µs):
                       long for the next call (the answer's and the next request's way through
                       gRPC and the client), and on a virtual machine a commit after the disk
                       and the CPU sat idle costs more than one right after another
+  lmdb.send.idle-N-us.commit-ahead
+                      what a standalone shard does (shard_server/storage/commit_ahead.py):
+                      the same transaction's log entry written first through an O_DSYNC
+                      descriptor into a file written ahead with zeros (ahead_p50_us: what
+                      the answer waits for), then LMDB's commit without its meta sync
+                      (commit_p50_us); the row's percentiles are of the two together
 
 Usage: python bench/commit_cost.py [--dir /path/on/the/disk] [--samples 1000]
        [--idle-gaps-us 600,2000] [--pinned-reader-commits 250,1000] [--out bench/results]
@@ -56,6 +64,8 @@ PAGE = 4096
 PAGE_COUNTS = (1, 2, 4, 10, 20)
 # Room written ahead of LMDB's pages for the pinned-reader rows: more than they use.
 WRITTEN_AHEAD_BYTES = 128 << 20
+# One slot of the commit-ahead file (shard_server/storage/commit_ahead.py).
+AHEAD_SLOT = 1 << 20
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:
@@ -127,6 +137,7 @@ def lmdb_send_commits(
     durable: bool,
     idle_s: float = 0.0,
     pin_every: int = 0,
+    commit_ahead: bool = False,
 ) -> tuple[list[float], dict[str, float]]:
     """The durations of `samples` send-shaped commits, and their write calls and pages
     per commit with the MiB of pages LMDB used at the end.
@@ -134,10 +145,21 @@ def lmdb_send_commits(
     With `pin_every` K, a read transaction is held open and renewed every K commits, and
     the data file is written ahead with zeros first (so that commits do not grow it):
     LMDB cannot reuse pages freed after the oldest reader began, so it takes new pages
-    from the end of its file, side by side."""
+    from the end of its file, side by side.
+
+    With `commit_ahead`, each transaction's log entry is first written through an O_DSYNC
+    descriptor into one of two 1 MiB slots of a file written with zeros, and LMDB commits
+    without its meta sync (as a standalone shard does); the split between the two is
+    reported as ahead_p50_us and commit_p50_us."""
     path = pathlib.Path(tempfile.mkdtemp(dir=directory, prefix="lmdb-probe-"))
-    env = lmdb.open(str(path), map_size=1 << 30, max_dbs=8, sync=durable, metasync=durable)
+    env = lmdb.open(str(path), map_size=1 << 30, max_dbs=8, sync=durable, metasync=durable and not commit_ahead)
     pinned: lmdb.Transaction | None = None
+    ahead_fd = -1
+    ahead_took: list[float] = []
+    commit_took: list[float] = []
+    if commit_ahead:
+        (path / "commit-ahead").write_bytes(bytes(AHEAD_SLOT * 2))
+        ahead_fd = os.open(path / "commit-ahead", os.O_RDWR | os.O_DSYNC)
     try:
         names = (b"messages", b"delivery", b"index", b"meta", b"log")
         messages, delivery, index, meta, log = (env.open_db(name) for name in names)
@@ -150,13 +172,21 @@ def lmdb_send_commits(
                     pinned.abort()
                 pinned = env.begin()
             seq = struct.pack(">Q", number + 1)
+            entry = b"e" * 320
             with env.begin(write=True) as txn:
                 txn.put(seq, body, db=messages)
                 txn.put(seq, b"d" * 30, db=delivery)
                 txn.put(struct.pack(">QQ", 1_000 + number, number), b"", db=index)
                 txn.put(b"last_seq", seq, db=meta)
                 txn.put(b"last_index", seq, db=meta)
-                txn.put(seq, b"e" * 320, db=log, append=True)
+                txn.put(seq, entry, db=log, append=True)
+                if commit_ahead:
+                    started = time.perf_counter()
+                    os.pwrite(ahead_fd, b"h" * 28 + entry, (number % 2) * AHEAD_SLOT)
+                    written = time.perf_counter()
+                    ahead_took.append(written - started)
+            if commit_ahead:
+                commit_took.append(time.perf_counter() - written)
 
         warm = max(samples // 5, 50)
         timed(warm, send)  # grow the trees first: the measured commits touch settled pages
@@ -168,14 +198,20 @@ def lmdb_send_commits(
         calls_before, bytes_before = write_calls_and_bytes()
         took = timed(samples, lambda number: send(number + warm), idle_s=idle_s)
         calls_after, bytes_after = write_calls_and_bytes()
-        return took, {
+        figures = {
             "writes_per_commit": round((calls_after - calls_before) / samples, 2),
             "pages_per_commit": round((bytes_after - bytes_before) / PAGE / samples, 2),
             "used_mib": round((env.info()["last_pgno"] + 1) * PAGE / 2**20, 1),
         }
+        if commit_ahead:
+            figures["ahead_p50_us"] = percentiles(ahead_took[-samples:])["p50_us"]
+            figures["commit_p50_us"] = percentiles(commit_took[-samples:])["p50_us"]
+        return took, figures
     finally:
         if pinned is not None:
             pinned.abort()
+        if ahead_fd >= 0:
+            os.close(ahead_fd)
         env.close()
         shutil.rmtree(path, ignore_errors=True)
 
@@ -210,6 +246,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[commit-cost] durable commits {gap_us} µs apart ...", file=sys.stderr, flush=True)
         commits, writes = lmdb_send_commits(args.dir, args.samples, durable=True, idle_s=gap_us / 1e6)
         results[f"lmdb.send.idle-{gap_us}-us"] = {**percentiles(commits), **writes}
+        commits, writes = lmdb_send_commits(
+            args.dir, args.samples, durable=True, idle_s=gap_us / 1e6, commit_ahead=True
+        )
+        results[f"lmdb.send.idle-{gap_us}-us.commit-ahead"] = {**percentiles(commits), **writes}
     for every in pins:
         print(f"[commit-cost] durable commits 600 µs apart, a reader renewed every {every} ...", file=sys.stderr)
         commits, writes = lmdb_send_commits(args.dir, args.samples, durable=True, idle_s=600e-6, pin_every=every)

@@ -29,7 +29,15 @@ from typing import Any
 
 import reports  # bench/reports.py: this script's directory is sys.path[0]
 
-SERVER_STAMPS = ("decoded", "handler_started", "commit_started", "commit_ended", "handler_ended", "encoded")
+SERVER_STAMPS = (
+    "decoded",
+    "handler_started",
+    "commit_started",
+    "written_ahead",
+    "commit_ended",
+    "handler_ended",
+    "encoded",
+)
 WARM_UP_SENDS = 200
 
 
@@ -93,16 +101,31 @@ def serve_with_stamps(out: pathlib.Path, no_sync: bool, argv: list[str]) -> None
             stamps["handler_ended"].append(clock())
 
     queues.QueueServicer._send = stamped_send  # type: ignore[method-assign]
-    commit = committing.GroupCommitter._commit
+    begin = committing.GroupCommitter._begin
+    complete = committing.GroupCommitter._complete
 
-    def stamped_commit(self: Any, loop: Any, batch: Any) -> Any:
+    def stamped_begin(self: Any, loop: Any, batch: Any, **options: Any) -> Any:
         stamps["commit_started"].append(clock())
+        return begin(self, loop, batch, **options)
+
+    def stamped_complete(self: Any, begun: Any) -> Any:
         try:
-            return commit(self, loop, batch)
+            return complete(self, begun)
         finally:
             stamps["commit_ended"].append(clock())
 
-    committing.GroupCommitter._commit = stamped_commit  # type: ignore[method-assign]
+    committing.GroupCommitter._begin = stamped_begin  # type: ignore[method-assign]
+    committing.GroupCommitter._complete = stamped_complete  # type: ignore[method-assign]
+
+    from shard_server.storage.commit_ahead import CommitAheadFile
+
+    write_ahead = CommitAheadFile.write
+
+    def stamped_write_ahead(self: Any, entry: bytes, **where: Any) -> None:
+        write_ahead(self, entry, **where)
+        stamps["written_ahead"].append(clock())
+
+    CommitAheadFile.write = stamped_write_ahead  # type: ignore[method-assign]
 
     from shardq.cli import main as run_command
 
@@ -162,14 +185,25 @@ def segments(client: dict[str, list[float]], server: dict[str, list[float]], sen
 
     c = {name: last(values) for name, values in client.items()}
     s = {name: last(values) for name, values in server.items()}
+    if len(s["written_ahead"]) == sends:
+        # Answered once the entry was written ahead; LMDB's commit runs after the answer.
+        commit_steps = [
+            ("server: LMDB work and the commit-ahead write", s["commit_started"], s["written_ahead"]),
+            ("server: written ahead to the handler's answer", s["written_ahead"], s["handler_ended"]),
+            ("server: LMDB's commit after the write ahead (not waited for)", s["written_ahead"], s["commit_ended"]),
+        ]
+    else:
+        commit_steps = [
+            ("server: commit (the send's LMDB work and syncs)", s["commit_started"], s["commit_ended"]),
+            ("server: commit to the handler's answer", s["commit_ended"], s["handler_ended"]),
+        ]
     steps = [
         ("client: send() to the request handed to gRPC", c["called"], c["handed_to_grpc"]),
         ("client: handed to gRPC to encoded", c["handed_to_grpc"], c["encoded"]),
         ("gRPC, client to server: encoded to decoded", c["encoded"], s["decoded"]),
         ("server: decoded to the send's handler", s["decoded"], s["handler_started"]),
         ("server: handler to its batch's commit", s["handler_started"], s["commit_started"]),
-        ("server: commit (the send's LMDB work and syncs)", s["commit_started"], s["commit_ended"]),
-        ("server: commit to the handler's answer", s["commit_ended"], s["handler_ended"]),
+        *commit_steps,
         ("server: answer to the response encoded", s["handler_ended"], s["encoded"]),
         ("gRPC, server to client: encoded to decoded", s["encoded"], c["decoded"]),
         ("client: decoded to send() returning", c["decoded"], c["returned"]),
@@ -185,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sends", type=int, default=3_000)
     parser.add_argument("--no-sync", action="store_true", help="server LMDB without syncs (this measurement only)")
+    parser.add_argument(
+        "--server-arg", action="append", default=[], help="passed to `shardq serve` (--server-arg=--no-commit-ahead)"
+    )
     parser.add_argument("--label", default="default")
     parser.add_argument("--out", type=pathlib.Path, default=None, help="directory to write send-timeline-LABEL.json")
     parser.add_argument("--serve-with-stamps", type=pathlib.Path, default=None, help=argparse.SUPPRESS)
@@ -203,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     root = pathlib.Path(tempfile.mkdtemp(prefix="shardq-timeline-"))
     stamps_file = root / "server-stamps.json"
     launcher = (__file__, "--serve-with-stamps", str(stamps_file), *(["--no-sync"] if args.no_sync else []))
-    server = dataplane.start_server(root / "data", "bench:shards=4", None, launcher=launcher)
+    server = dataplane.start_server(root / "data", "bench:shards=4", None, tuple(args.server_arg), launcher=launcher)
     try:
         print(f"[send-timeline] {args.sends} sends to {server.endpoint} ...", file=sys.stderr, flush=True)
         client = event_loops.run(send_with_stamps(server.endpoint, args.sends))
@@ -215,8 +252,12 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "send-timeline",
         "sends": args.sends,
         "server_syncs": not args.no_sync,
+        "server_args": args.server_arg,
         "grpc_experiments": os.environ.get("GRPC_EXPERIMENTS", ""),
         "load_average": [round(x, 2) for x in os.getloadavg()],
+        # Batches whose answer went out once their entry was written ahead (commit_ahead).
+        "written_ahead": len(server_stamps["written_ahead"]),
+        "commits": len(server_stamps["commit_ended"]),
         "p50_us": segments(client, server_stamps, args.sends),
     }
     reports.emit(report, args.out, f"send-timeline-{args.label}.json")
