@@ -60,6 +60,13 @@ REJECTED_RECEIPTS = Counter(
     "shardq_receipts_rejected", "Receipts refused, by reason.", (*_LABELS, "reason"), registry=REGISTRY
 )
 COMMITS = Counter("shardq_commits", "Write transactions committed (one fsync each).", _LABELS, registry=REGISTRY)
+COMMITS_AHEAD = Counter(
+    "shardq_commits_written_ahead",
+    "Of those, the ones answered once their log entry was written ahead, before LMDB's commit "
+    "(standalone servers; the others were answered after it).",
+    _LABELS,
+    registry=REGISTRY,
+)
 COMMIT_BATCH = Histogram(
     "shardq_commit_batch_requests",
     "Requests folded into one commit (group commit).",

@@ -124,6 +124,8 @@ class CommitReport:
     # the synchronous writes that made it so (the commit-ahead write, when there was one,
     # else LMDB's commit): what the disk costs every answer that waits.
     seconds: float = 0.0
+    # Answered once its entry was written ahead, before LMDB's commit (commit ahead).
+    written_ahead: bool = False
 
 
 class CallsInProgress:
@@ -240,6 +242,9 @@ class GroupCommitter:
         # Set when LMDB failed to commit a batch already answered from the commit-ahead file:
         # nothing more may be written over the missing batch until reopening recovers it.
         self._stopped_by: Exception | None = None
+        # A batch was answered from the commit-ahead file and LMDB has not committed it
+        # yet: read transactions cannot see it (set on either thread, cleared on the loop).
+        self._answered_uncommitted = False
         # Set while a batch is due on the event loop: exclusive work waits for it.
         self._loop_batch: asyncio.Future[None] | None = None
         # Appended on the event loop, taken whole by the writer thread.
@@ -288,6 +293,12 @@ class GroupCommitter:
             f"this shard stopped writing when a commit failed ({self._stopped_by}); "
             "restarting the server recovers its last batch from the commit-ahead file",
         )
+
+    @property
+    def answered_uncommitted(self) -> bool:
+        """A batch was answered before its LMDB commit and that commit has not finished:
+        what it wrote is not in read transactions yet, only in requests queued here."""
+        return self._answered_uncommitted
 
     @property
     def collecting(self) -> bool:
@@ -360,6 +371,7 @@ class GroupCommitter:
         # acknowledgement on a consume stream through a gather besides: four turns let
         # them all out first (two left stream deletes waiting for the commit: README,
         # Latency). What the answers waited for is what tells load apart (soon_after).
+        self._answered_uncommitted = True
         _resolve_all(begun.answers())
         self._note_loop_blocked(started)
         _after_loop_turns(
@@ -400,6 +412,7 @@ class GroupCommitter:
             begun = self._begin(loop, batch, write_ahead_if=self._nothing_waits)
             try:
                 if begun.opened.written_ahead:
+                    self._answered_uncommitted = True  # before any caller can learn of the answers
                     loop.call_soon_threadsafe(_resolve_all, begun.answers())
             finally:
                 report = self._complete(begun)
@@ -412,7 +425,7 @@ class GroupCommitter:
         the thread. Writing ahead takes LMDB's commit out of the batch's answers, but under
         load it is one more synchronous write before the requests that queued meanwhile
         (for this shard, or other shards' batches sharing the thread) get their turn, and
-        the wake-up that hands the answers over early is CPU the saturated server lacks:
+        the wake-up that hands the answers over early is CPU a saturated server lacks:
         saturation fell 5-13% with every batch written ahead (README, Latency)."""
         with self._pending_lock:
             requests_waiting = bool(self._pending)
@@ -477,12 +490,19 @@ class GroupCommitter:
         durable_at = begun.opened.written_ahead_at or time.perf_counter()
         took = durable_at - begun.started
         return CommitReport(
-            len(begun.requests), begun.opened.index, begun.at_ms, begun.epoch, begun.last_seq, seconds=took
+            len(begun.requests),
+            begun.opened.index,
+            begun.at_ms,
+            begun.epoch,
+            begun.last_seq,
+            seconds=took,
+            written_ahead=begun.opened.written_ahead,
         )
 
     def _finish_batch(self, loop: asyncio.AbstractEventLoop, finished: concurrent.futures.Future[_Batch]) -> None:
         self._thread.outstanding -= 1
         self._busy = False
+        self._answered_uncommitted = False
         result = finished.result()  # _run_batch catches what the work raised
         batch = result.requests
         if result.error is not None or result.report is None:

@@ -149,6 +149,7 @@ class HostedShard:
         # must show as an increase (a series first scraped at 1 hides them from rate()).
         metrics.SENDS_REFUSED.labels(*labels, Reason.QUEUE_FULL.value)
         self._commits = metrics.COMMITS.labels(*labels)
+        self._commits_ahead = metrics.COMMITS_AHEAD.labels(*labels)
         self._batch = metrics.COMMIT_BATCH.labels(*labels)
         self._commit_seconds = metrics.COMMIT_SECONDS.labels(*labels)
         self.bytes_in = metrics.BYTES_IN.labels(*labels)
@@ -186,6 +187,8 @@ class HostedShard:
     def _on_commit(self, report: CommitReport) -> None:
         if report.log_index:
             self._commits.inc()
+            if report.written_ahead:
+                self._commits_ahead.inc()
             self._batch.observe(report.requests)
             self._commit_seconds.observe(report.seconds)
             self.last_written_index = report.log_index
@@ -213,6 +216,10 @@ class HostedShard:
             return tx.message_count()
 
     def next_visible_at(self) -> int | None:
+        if self.committer.answered_uncommitted:
+            # A send answered before its LMDB commit (commit ahead) is not in read
+            # transactions yet: "now", so that a receive asks the writer, queued behind it.
+            return 0
         with self.environment.read() as tx:
             return tx.next_visible_at()
 

@@ -132,6 +132,10 @@ class ShardEnvironment:
         """Close once every thread using the environment has left it (see closing_gate)."""
 
         def close_files() -> None:
+            if self.commits_ahead:
+                # The last commit's meta page is not synced yet: after a clean stop LMDB's
+                # files alone hold every batch, with no need of the commit-ahead file.
+                self.env.sync(True)
             self.env.close()
             if self._ahead is not None:
                 self._ahead.close()

@@ -116,6 +116,10 @@ def test_every_commit_reports_how_long_it_took_to_become_durable(server_factory:
         assert value(found, "shardq_commit_duration_seconds_sum", queue="timed", shard=shard) > 0
         everything = value(found, "shardq_commit_duration_seconds_bucket", queue="timed", shard=shard, le="+Inf")
         assert everything == commits
+        # One call in flight, nothing waiting for the writer: a standalone server answers
+        # each of those sends once its entry is written ahead, before LMDB's commit.
+        ahead = value(found, "shardq_commits_written_ahead_total", queue="timed", shard=shard)
+        assert 3 <= ahead <= commits, f"shard {shard}: {ahead} of {commits} commits written ahead"
 
 
 def test_metrics_are_served_at_metrics_only(server_factory: ServerFactory) -> None:

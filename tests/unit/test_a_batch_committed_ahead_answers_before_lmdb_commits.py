@@ -127,17 +127,17 @@ def test_a_lone_send_on_the_event_loop_is_answered_before_lmdb_commits(environme
     async def scenario() -> None:
         writers = WriterThreads(1)  # a lone request's batch runs on the event loop
         shard = committer(environment, writers)
-        seen_when_answered: list[tuple[list[bytes], list[bytes]]] = []
+        seen_when_answered: list[tuple[list[bytes], list[bytes], bool]] = []
 
         def look(_: object) -> None:
             ahead = [body for entry in environment.committed_ahead() for body in bodies_in(entry)]
-            seen_when_answered.append((stored_bodies(environment), ahead))
+            seen_when_answered.append((stored_bodies(environment), ahead, shard.answered_uncommitted))
 
         answer = shard.enqueue(send(b"answered ahead"))
         answer.add_done_callback(look)
         assert [sent.seq for sent in await asyncio.wait_for(answer, 5)] == [1]
         # Answered while only the commit-ahead file held it; LMDB committed it right after.
-        assert seen_when_answered == [([], [b"answered ahead"])]
+        assert seen_when_answered == [([], [b"answered ahead"], True)]
         await shard.close()
         assert stored_bodies(environment) == [b"answered ahead"]
         writers.shutdown()
@@ -155,14 +155,17 @@ def test_a_send_on_the_writer_thread_is_answered_while_lmdb_still_commits(
         outcome = await asyncio.wait_for(shard.submit(send(b"answered ahead")), 5)
         assert environment.commit_held.is_set()
         assert [sent.seq for sent in outcome] == [1]
-        # Answered while LMDB has not committed it: only the commit-ahead file holds it.
+        # Answered while LMDB has not committed it: only the commit-ahead file holds it,
+        # and the committer says so (receives then ask it rather than a read transaction).
         assert stored_bodies(environment) == []
+        assert shard.answered_uncommitted
         written = environment.committed_ahead()
         assert len(written) == 1
         assert decode_entry(written[0]).index == 1
         assert bodies_in(written[0]) == [b"answered ahead"]
         environment.release_commit.set()
         await shard.close()
+        assert not shard.answered_uncommitted
         assert stored_bodies(environment) == [b"answered ahead"]
         writers.shutdown()
 
