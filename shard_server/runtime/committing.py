@@ -68,6 +68,10 @@ log = logging.getLogger(__name__)
 # Loop turns between answering a batch committed ahead on the event loop and its LMDB
 # commit there (see GroupCommitter._run_batch_on_loop).
 LOOP_TURNS_BEFORE_COMMIT = 4
+# Batches on the writer thread with a larger log entry commit the usual way (see
+# GroupCommitter._nothing_waits): about 45 sends of one 256-byte message, more than
+# four callers' ten-message sends.
+WRITE_AHEAD_MAX_BYTES = 16 << 10
 
 
 def wall_clock_ms() -> int:
@@ -420,13 +424,17 @@ class GroupCommitter:
         except Exception as error:  # answered on the event loop, request by request
             return _Batch(batch, [], None, error)
 
-    def _nothing_waits(self) -> bool:
+    def _nothing_waits(self, entry_bytes: int) -> bool:
         """Whether a batch on the writer thread is written ahead: while nothing waits for
-        the thread. Writing ahead takes LMDB's commit out of the batch's answers, but under
-        load it is one more synchronous write before the requests that queued meanwhile
-        (for this shard, or other shards' batches sharing the thread) get their turn, and
-        the wake-up that hands the answers over early is CPU a saturated server lacks:
-        saturation fell 5-13% with every batch written ahead (README, Latency)."""
+        the thread and the batch is small. Writing ahead takes LMDB's commit out of the
+        batch's answers, but under load it is one more synchronous write before the
+        requests that queued meanwhile (for this shard, or other shards' batches sharing
+        the thread) get their turn, and the wake-up that hands the answers over early is
+        CPU a saturated server lacks: saturation fell 5-13% with every batch written
+        ahead (README, Latency). Large batches come from load, when clients fold their
+        calls: answered sooner, they fold less, and pay more CPU per message."""
+        if entry_bytes > WRITE_AHEAD_MAX_BYTES:
+            return False
         with self._pending_lock:
             requests_waiting = bool(self._pending)
         return not requests_waiting and self._thread.batches_waiting == 0
@@ -436,7 +444,7 @@ class GroupCommitter:
         loop: asyncio.AbstractEventLoop,
         batch: list[_Request[Any]],
         *,
-        write_ahead_if: Callable[[], bool] | None = None,
+        write_ahead_if: Callable[[int], bool] | None = None,
     ) -> _Begun:
         """Run the batch's work in a write transaction and add its log entry (written ahead
         when the environment commits ahead); committed by _complete, on the same thread."""

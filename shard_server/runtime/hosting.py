@@ -303,8 +303,8 @@ class HostedQueue:
             recovered = replica_log.recover_committed_ahead(environment, fifo=config.fifo)
             if recovered:
                 log.warning(
-                    "queue %r shard %d: applied log entry %d from the commit-ahead file "
-                    "(answered, but not yet committed to LMDB when the server stopped)",
+                    "queue %r shard %d: applied the log entries up to %d from the commit-ahead file "
+                    "(answered, but not yet durable in LMDB when the server stopped)",
                     config.name,
                     index,
                     recovered,

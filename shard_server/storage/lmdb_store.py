@@ -157,16 +157,16 @@ class ShardEnvironment:
         *,
         epoch: int,
         at_ms: int,
-        write_ahead_if: Callable[[], bool] | None = None,
+        write_ahead_if: Callable[[int], bool] | None = None,
     ) -> OpenBatch[T]:
         """Run `work` in a write transaction, add its log entry, and leave it to commit.
 
         Committing ahead, an entry that fits the commit-ahead file is written there first
-        (`written_ahead`), unless `write_ahead_if`, asked after the work, says not to: the
-        batch counts as written from then on, and may be answered before its commit, even
-        if LMDB's commit then fails (reopening the shard recovers it). Otherwise the batch
-        is durable once committed. The caller commits on the thread that called this
-        (LMDB write transactions belong to their thread).
+        (`written_ahead`), unless `write_ahead_if`, asked after the work with the entry's
+        size in bytes, says not to: the batch counts as written from then on, and may be
+        answered before its commit, even if LMDB's commit then fails (reopening the shard
+        recovers it). Otherwise the batch is durable once committed. The caller commits
+        on the thread that called this (LMDB write transactions belong to their thread).
         """
         self.gate.enter()
         try:
@@ -185,7 +185,7 @@ class ShardEnvironment:
                 ahead is not None
                 and entry is not None
                 and ahead.fits(len(entry))
-                and (write_ahead_if is None or write_ahead_if())
+                and (write_ahead_if is None or write_ahead_if(len(entry)))
             ):
                 ahead.write(entry, index=index, incarnation=self._incarnation)
                 written_ahead_at = time.perf_counter()

@@ -56,7 +56,7 @@ class HeldCommitEnvironment(ShardEnvironment):
         *,
         epoch: int,
         at_ms: int,
-        write_ahead_if: Callable[[], bool] | None = None,
+        write_ahead_if: Callable[[int], bool] | None = None,
     ) -> OpenBatch[T]:
         batch = super().begin_batch(work, epoch=epoch, at_ms=at_ms, write_ahead_if=write_ahead_if)
         commit = batch.commit

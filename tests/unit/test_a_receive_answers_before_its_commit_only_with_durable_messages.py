@@ -43,7 +43,7 @@ class CrashingEnvironment(ShardEnvironment):
         *,
         epoch: int,
         at_ms: int,
-        write_ahead_if: Callable[[], bool] | None = None,
+        write_ahead_if: Callable[[int], bool] | None = None,
     ) -> OpenBatch[T]:
         def then_crash(tx: LmdbShardTransaction) -> T:
             result = work(tx)
