@@ -24,16 +24,15 @@ from typing import TypeVar
 
 import pytest
 
-from shard_server.domain import sending
 from shard_server.domain.context import ShardContext
 from shard_server.domain.events import Sent
-from shard_server.domain.messages import NewMessage
 from shard_server.runtime.committing import CommitReport, GroupCommitter, WriterThreads
 from shard_server.storage import commit_ahead, keys, replica_log
 from shard_server.storage.codecs import decode_entry
 from shard_server.storage.lmdb_store import LmdbShardTransaction, OpenBatch, ShardEnvironment
 from shardq.errors import Reason, ShardqError
 from shardq.queues import QueueConfig
+from tests.support.shard_work import send, stored_bodies
 
 CONFIG = QueueConfig(name="orders", shards=1)
 T = TypeVar("T")
@@ -96,18 +95,6 @@ def committer(environment: ShardEnvironment, writers: WriterThreads) -> GroupCom
     return GroupCommitter(
         environment, functools.partial(ShardContext, CONFIG, 0, 1), thread=writers.assign(), on_commit=reports.append
     )
-
-
-def send(*bodies: bytes) -> Callable[[LmdbShardTransaction, ShardContext, int], list[sending.SendOutcome]]:
-    messages = [NewMessage(body=body, attributes={}, group_id="", dedup_id="", delay_ms=0) for body in bodies]
-    return lambda tx, context, now: sending.send_messages(tx, context, messages, now_ms=now)
-
-
-def stored_bodies(environment: ShardEnvironment) -> list[bytes]:
-    with environment.read() as tx:
-        seqs = [seq for seq, _ in tx.oldest_messages(after_seq=0, limit=100)]
-        records = [tx.get_record(seq) for seq in seqs]
-    return [record.body for record in records if record is not None]
 
 
 def bodies_in(entry: bytes) -> list[bytes]:

@@ -20,13 +20,13 @@ from typing import TypeVar
 
 import pytest
 
-from shard_server.domain import receiving, sending
+from shard_server.domain import receiving
 from shard_server.domain.context import ShardContext
-from shard_server.domain.messages import NewMessage
 from shard_server.runtime.committing import CommitReport, GroupCommitter, WriterThreads
 from shard_server.storage.lmdb_store import LmdbShardTransaction, OpenBatch, ShardEnvironment
 from shardq.errors import Reason, ShardqError
 from shardq.queues import QueueConfig
+from tests.support.shard_work import send, stored_bodies
 
 CONFIG = QueueConfig(name="orders", shards=1)
 T = TypeVar("T")
@@ -62,24 +62,12 @@ def environment(tmp_path: pathlib.Path) -> Iterator[CrashingEnvironment]:
     opened.close()
 
 
-def send(body: bytes) -> Callable[[LmdbShardTransaction, ShardContext, int], list[sending.SendOutcome]]:
-    message = NewMessage(body=body, attributes={}, group_id="", dedup_id="", delay_ms=0)
-    return lambda tx, context, now: sending.send_messages(tx, context, [message], now_ms=now)
-
-
 def claim(tx: LmdbShardTransaction, context: ShardContext, now: int) -> receiving.ReceiveOutcome:
     return receiving.receive_messages(tx, context, max_messages=10, visibility_timeout_ms=30_000, now_ms=now)
 
 
 def bodies(outcome: receiving.ReceiveOutcome) -> list[bytes]:
     return [message.record.body for message in outcome.claimed]
-
-
-def stored_bodies(environment: ShardEnvironment) -> list[bytes]:
-    with environment.read() as tx:
-        seqs = [seq for seq, _ in tx.oldest_messages(after_seq=0, limit=100)]
-        records = [tx.get_record(seq) for seq in seqs]
-    return [record.body for record in records if record is not None]
 
 
 def committer(environment: ShardEnvironment, writers: WriterThreads, **replication: object) -> GroupCommitter:
