@@ -140,7 +140,9 @@ def test_a_send_on_the_writer_thread_is_answered_while_lmdb_still_commits(
         shard = committer(environment, writers)
         environment.hold_next_commit = True
         outcome = await asyncio.wait_for(shard.submit(send(b"answered ahead")), 5)
-        assert environment.commit_held.is_set()
+        # The answer may reach this loop before the writer thread reaches LMDB's commit:
+        # either way it is held there, and released only below.
+        assert await asyncio.to_thread(environment.commit_held.wait, 5)
         assert [sent.seq for sent in outcome] == [1]
         # Answered while LMDB has not committed it: only the commit-ahead file holds it,
         # and the committer says so (receives then ask it rather than a read transaction).
