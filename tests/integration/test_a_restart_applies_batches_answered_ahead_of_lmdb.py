@@ -16,13 +16,19 @@ import pathlib
 import shutil
 
 from shardq import Client, Message
-from tests.support.servers import ServerProcess, drain
+from tests.integration.scraping import samples, scrape_text, values
+from tests.support.servers import ServerProcess, drain, wait_for
 
 QUEUE = "orders"
 
 
 def shard_directory(server: ServerProcess) -> pathlib.Path:
     return server.data_dir / "queues" / QUEUE / "shard-0"
+
+
+def lmdb_commits(server: ServerProcess) -> float:
+    """The shard's commits LMDB has made (counted once each commit returns)."""
+    return sum(values(samples(scrape_text(server.metrics_url)), "shardq_commits_total", queue=QUEUE, shard="0"))
 
 
 def test_a_restart_applies_the_batches_lmdb_lacks_from_the_commit_ahead_file(tmp_path: pathlib.Path) -> None:
@@ -32,6 +38,9 @@ def test_a_restart_applies_the_batches_lmdb_lacks_from_the_commit_ahead_file(tmp
     try:
         with Client(server.endpoint) as client:
             assert client.send_messages(QUEUE, [Message(b"first")])[0].ok
+            # Answered before LMDB's commit: the copy is taken once LMDB has made it (a
+            # crash leaves LMDB at most two batches short, never three).
+            wait_for(lambda: lmdb_commits(server) >= 1 or None, timeout=10, what="the first batch's LMDB commit")
             shutil.copyfile(shard_directory(server) / "data.mdb", before)
             assert client.send_messages(QUEUE, [Message(b"second")])[0].ok
             assert all(result.ok for result in client.send_messages(QUEUE, [Message(b"third"), Message(b"fourth")]))

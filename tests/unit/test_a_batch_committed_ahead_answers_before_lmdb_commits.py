@@ -97,6 +97,15 @@ def committer(environment: ShardEnvironment, writers: WriterThreads) -> GroupCom
     )
 
 
+async def in_lmdb(environment: ShardEnvironment, bodies: list[bytes]) -> None:
+    """Wait until LMDB has committed `bodies` (a batch is answered before its commit)."""
+    for _ in range(5_000):
+        if stored_bodies(environment) == bodies:
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError(f"LMDB never held {bodies}")
+
+
 def bodies_in(entry: bytes) -> list[bytes]:
     return [event.record.body for event in decode_entry(entry).events if isinstance(event, Sent)]
 
@@ -190,6 +199,7 @@ def test_a_crash_before_lmdb_commits_recovers_exactly_the_committed_state(tmp_pa
         await shard.submit(send(b"first"))
         # The data file as the disk may hold it after the next two batches' LMDB commits:
         # the first of them has its meta page synced only by the second's sync.
+        await in_lmdb(environment, [b"first"])
         await asyncio.to_thread(environment.env.copy, str(before_batch))
         await shard.submit(send(b"second", b"third"))
         await shard.submit(send(b"fourth"))
@@ -224,6 +234,7 @@ def test_a_record_left_beside_another_copy_of_the_data_never_applies(tmp_path: p
         writers = WriterThreads(1)
         shard = committer(environment, writers)
         await shard.submit(send(b"first"))
+        await in_lmdb(environment, [b"first"])
         await asyncio.to_thread(environment.env.copy, str(before_batch))
         await shard.submit(send(b"second"))
         await shard.close()
