@@ -249,6 +249,9 @@ class GroupCommitter:
         # A batch was answered from the commit-ahead file and LMDB has not committed it
         # yet: read transactions cannot see it (set on either thread, cleared on the loop).
         self._answered_uncommitted = False
+        # Set whenever no answered batch waits for its LMDB commit (event loop only).
+        self._committed = asyncio.Event()
+        self._committed.set()
         # Set while a batch is due on the event loop: exclusive work waits for it.
         self._loop_batch: asyncio.Future[None] | None = None
         # Appended on the event loop, taken whole by the writer thread.
@@ -303,6 +306,13 @@ class GroupCommitter:
         """A batch was answered before its LMDB commit and that commit has not finished:
         what it wrote is not in read transactions yet, only in requests queued here."""
         return self._answered_uncommitted
+
+    async def until_committed(self) -> None:
+        """Return once LMDB holds every batch answered so far: a read made after it sees
+        every write its caller was answered for (read-your-writes for counts and peeks)."""
+        while self._answered_uncommitted:
+            self._committed.clear()
+            await self._committed.wait()
 
     @property
     def collecting(self) -> bool:
@@ -511,6 +521,7 @@ class GroupCommitter:
         self._thread.outstanding -= 1
         self._busy = False
         self._answered_uncommitted = False
+        self._committed.set()
         result = finished.result()  # _run_batch catches what the work raised
         batch = result.requests
         if result.error is not None or result.report is None:

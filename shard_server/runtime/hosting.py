@@ -659,6 +659,7 @@ class HostedQueue:
     async def peek(self, *, max_messages: int, shard: int | None, forwarded: bool) -> Peeked:
         """The messages a receive would hand out now, without claiming them: up to
         `max_messages` per leader (the service merges them oldest first)."""
+        await self.until_committed()
         if shard is not None and self.leader_here(shard) is None:
             if forwarded or self.router is None:
                 raise self.not_leader(shard)
@@ -934,6 +935,12 @@ class HostedQueue:
             for leader in self.remote_leaders():
                 total += await self.router.calls.purge(leader, self.config.name)
         return total
+
+    async def until_committed(self) -> None:
+        """Return once LMDB holds every batch of this queue's local shards answered so far
+        (commit ahead answers before LMDB's commit): reads made after it see them."""
+        for shard in self.shards:
+            await shard.committer.until_committed()
 
     def stats(self) -> list[tuple[HostedShard, ShardStats]]:
         """Stats of the shards led here (all of them when standalone), with their shard."""

@@ -171,6 +171,7 @@ class ExportServicer(export_pb2_grpc.ExportServiceServicer):
         except ShardqError as error:
             await abort_with(context, error)
             return
+        await shard.committer.until_committed()  # the snapshot holds every answered send
         now_ms = wall_clock_ms()
         try:
             # Opened here, not in a worker: a cancellation cannot strand it unreleased.
@@ -228,6 +229,7 @@ class ExportServicer(export_pb2_grpc.ExportServiceServicer):
         except ShardqError as error:
             await abort_with(context, error)
             return
+        await shard.committer.until_committed()  # the journal holds every answered write
 
         def stored_bounds() -> tuple[int, int]:
             with shard.environment.read() as tx:

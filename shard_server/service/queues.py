@@ -244,6 +244,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         # Counting scans the index past `now`: keep it off the event loop.
         # One pass picks the led shards and reads them, so leadership moving in
         # between cannot pair a shard with another's counts.
+        await queue.until_committed()
         stats = await asyncio.to_thread(queue.stats)
         shards = [
             queue_pb2.ShardAttributes(

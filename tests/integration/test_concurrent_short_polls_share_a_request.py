@@ -22,7 +22,7 @@ from shardq.status import error_from_rpc
 from shardq.types import ReceivedMessage
 from tests.integration.scraping import samples, scrape_text, values
 from tests.support.clusters import Cluster, running, send_once_led
-from tests.support.servers import ServerFactory, ServerProcess, stored_count
+from tests.support.servers import ServerFactory, ServerProcess, stored_count, wait_for
 
 QUEUE = "work"
 RECEIVES = "QueueService/ReceiveMessages"
@@ -64,18 +64,20 @@ def test_the_shares_of_one_request_are_claimed_in_one_commit(server_factory: Ser
     def commits() -> float:
         return sum(values(samples(scrape_text(server.metrics_url)), "shardq_commits_total", queue="one"))
 
-    before = commits()
+    # The send was answered once written ahead; its commit is counted once LMDB made it.
+    before = wait_for(lambda: commits() or None, timeout=10, what="the send's commit counted")
     with grpc.insecure_channel(server.endpoint) as channel:
         request = queue_pb2.ReceiveMessagesRequest(queue="one", shares=[3] * 8, visibility_timeout_ms=HIDDEN_MS)
         response = queue_pb2_grpc.QueueServiceStub(channel).ReceiveMessages(request, timeout=10)
     assert list(response.share_counts) == [3] * 8
     assert len({message.message_id for message in response.messages}) == 24
-    # Messages already durable are handed out before their claim commits, so the count
-    # may not have moved yet. A send is answered only after its own commit, which the
-    # writer runs after the claim's: after it, the claim's commits are all counted.
+    # Messages already durable are handed out before their claim commits, and a send is
+    # answered once written ahead, before its own: wait until the claim's commit and the
+    # send's (which the writer runs after it) are counted, then check there were two.
     with Client(server.endpoint) as client:
         client.send_messages("one", [Message(b"after")])
-    assert commits() - before == 2, "the claim took one commit, the send after it another"
+    after = wait_for(lambda: (count := commits()) - before >= 2 and count, timeout=10, what="two commits counted")
+    assert after - before == 2, "the claim took one commit, the send after it another"
 
 
 def test_long_polls_and_different_visibility_timeouts_do_not_share(server: ServerProcess) -> None:
