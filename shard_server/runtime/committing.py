@@ -249,9 +249,12 @@ class GroupCommitter:
         # A batch was answered from the commit-ahead file and LMDB has not committed it
         # yet: read transactions cannot see it (set on either thread, cleared on the loop).
         self._answered_uncommitted = False
-        # Set whenever no answered batch waits for its LMDB commit (event loop only).
+        # Batches answered before their LMDB commit, and how many of them LMDB has
+        # committed (batches of a shard run one at a time, so a finished batch settles all
+        # answered so far); `_committed` is set each time a batch finishes.
+        self._answered_ahead = 0
+        self._settled_ahead = 0
         self._committed = asyncio.Event()
-        self._committed.set()
         # Set while a batch is due on the event loop: exclusive work waits for it.
         self._loop_batch: asyncio.Future[None] | None = None
         # Appended on the event loop, taken whole by the writer thread.
@@ -308,9 +311,11 @@ class GroupCommitter:
         return self._answered_uncommitted
 
     async def until_committed(self) -> None:
-        """Return once LMDB holds every batch answered so far: a read made after it sees
-        every write its caller was answered for (read-your-writes for counts and peeks)."""
-        while self._answered_uncommitted:
+        """Return once LMDB holds every batch answered before this call: a read made after
+        it sees every write its caller was answered for (read-your-writes for counts and
+        peeks). Batches answered later are not waited for, so steady load cannot starve it."""
+        target = self._answered_ahead
+        while self._settled_ahead < target:
             self._committed.clear()
             await self._committed.wait()
 
@@ -386,6 +391,7 @@ class GroupCommitter:
         # them all out first (two left stream deletes waiting for the commit: README,
         # Latency). What the answers waited for is what tells load apart (soon_after).
         self._answered_uncommitted = True
+        self._answered_ahead += 1
         _resolve_all(begun.answers())
         self._note_loop_blocked(started)
         _after_loop_turns(
@@ -427,6 +433,7 @@ class GroupCommitter:
             try:
                 if begun.opened.written_ahead:
                     self._answered_uncommitted = True  # before any caller can learn of the answers
+                    self._answered_ahead += 1
                     loop.call_soon_threadsafe(_resolve_all, begun.answers())
             finally:
                 report = self._complete(begun)
@@ -521,6 +528,7 @@ class GroupCommitter:
         self._thread.outstanding -= 1
         self._busy = False
         self._answered_uncommitted = False
+        self._settled_ahead = self._answered_ahead
         self._committed.set()
         result = finished.result()  # _run_batch catches what the work raised
         batch = result.requests
