@@ -1000,6 +1000,14 @@ class ConsumerStream:
                 await asyncio.wait_for(asyncio.shield(self._reader), timeout=5)
             except TimeoutError:
                 self._reader.cancel()
+            except asyncio.CancelledError:
+                # The reader ends cancelled when gRPC cancels the call under it (grpc.aio
+                # raises CancelledError from a cancelled call's reads): the stream has
+                # ended, which is what closing asks. Only this task's own cancellation
+                # goes on (a CI run saw run_consumer fail with the reader's).
+                current = asyncio.current_task()
+                if not self._reader.cancelled() or (current is not None and current.cancelling()):
+                    raise
         if self._call is not None:
             self._call.cancel()
         untaken = list(self._ready)
