@@ -246,9 +246,6 @@ class GroupCommitter:
         # Set when LMDB failed to commit a batch already answered from the commit-ahead file:
         # nothing more may be written over the missing batch until reopening recovers it.
         self._stopped_by: Exception | None = None
-        # A batch was answered from the commit-ahead file and LMDB has not committed it
-        # yet: read transactions cannot see it (set on either thread, cleared on the loop).
-        self._answered_uncommitted = False
         # Batches answered before their LMDB commit, and how many of them LMDB has
         # committed (batches of a shard run one at a time, so a finished batch settles all
         # answered so far); `_committed` is set each time a batch finishes.
@@ -308,7 +305,7 @@ class GroupCommitter:
     def answered_uncommitted(self) -> bool:
         """A batch was answered before its LMDB commit and that commit has not finished:
         what it wrote is not in read transactions yet, only in requests queued here."""
-        return self._answered_uncommitted
+        return self._settled_ahead < self._answered_ahead
 
     async def until_committed(self) -> None:
         """Return once LMDB holds every batch answered before this call: a read made after
@@ -390,7 +387,6 @@ class GroupCommitter:
         # acknowledgement on a consume stream through a gather besides: four turns let
         # them all out first (two left stream deletes waiting for the commit: README,
         # Latency). What the answers waited for is what tells load apart (soon_after).
-        self._answered_uncommitted = True
         self._answered_ahead += 1
         _resolve_all(begun.answers())
         self._note_loop_blocked(started)
@@ -432,8 +428,7 @@ class GroupCommitter:
             begun = self._begin(loop, batch, write_ahead_if=self._nothing_waits)
             try:
                 if begun.opened.written_ahead:
-                    self._answered_uncommitted = True  # before any caller can learn of the answers
-                    self._answered_ahead += 1
+                    self._answered_ahead += 1  # before any caller can learn of the answers
                     loop.call_soon_threadsafe(_resolve_all, begun.answers())
             finally:
                 report = self._complete(begun)
@@ -527,7 +522,6 @@ class GroupCommitter:
     def _finish_batch(self, loop: asyncio.AbstractEventLoop, finished: concurrent.futures.Future[_Batch]) -> None:
         self._thread.outstanding -= 1
         self._busy = False
-        self._answered_uncommitted = False
         self._settled_ahead = self._answered_ahead
         self._committed.set()
         result = finished.result()  # _run_batch catches what the work raised
