@@ -179,3 +179,23 @@ def test_an_acknowledgement_that_fails_whole_is_still_answered(server: ServerPro
     assert outcome.reason == "INVALID_ARGUMENT"
     assert "at most 1024 characters" in outcome.message
     assert server.alive()
+
+
+def test_closing_a_consumer_stream_after_its_client_closed_returns_what_it_held(server: ServerProcess) -> None:
+    """Closing the client's channel cancels the stream's call under it (grpc.aio then
+    raises CancelledError from the call's reads): closing the stream afterwards returns
+    the messages it received and never handed out, and does not raise the reader's
+    cancellation into the caller (a CI run saw run_consumer fail with it)."""
+
+    async def scenario() -> list[bytes]:
+        client = AsyncClient(server.endpoint)
+        await client.send_messages("orders-dlq", [Message(b"held by the stream")])
+        stream = client.consume("orders-dlq", credits=1, visibility_timeout_ms=60_000)
+        await stream.__aenter__()
+        await asyncio.to_thread(wait_for, lambda: bool(stream.waiting()), timeout=5, what="a message received")
+        await client.close()
+        untaken = await asyncio.wait_for(stream.close(), timeout=10)
+        return [message.body for message in untaken]
+
+    assert asyncio.run(scenario()) == [b"held by the stream"]
+    assert server.alive()
