@@ -18,65 +18,24 @@ import functools
 import os
 import pathlib
 import shutil
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TypeVar
 
 import pytest
 
 from shard_server.domain.context import ShardContext
 from shard_server.domain.events import Sent
-from shard_server.runtime.committing import CommitReport, GroupCommitter, WriterThreads
+from shard_server.runtime.committing import WRITE_AHEAD_MAX_BYTES, CommitReport, GroupCommitter, WriterThreads
 from shard_server.storage import commit_ahead, keys, replica_log
 from shard_server.storage.codecs import decode_entry
-from shard_server.storage.lmdb_store import LmdbShardTransaction, OpenBatch, ShardEnvironment
+from shard_server.storage.lmdb_store import ShardEnvironment
 from shardq.errors import Reason, ShardqError
 from shardq.queues import QueueConfig
+from tests.support.held_commits import HeldCommitEnvironment
 from tests.support.shard_work import send, stored_bodies
 
 CONFIG = QueueConfig(name="orders", shards=1)
 T = TypeVar("T")
-
-
-class HeldCommitEnvironment(ShardEnvironment):
-    """An environment whose next LMDB commit of a batch written ahead can be held, or made to fail."""
-
-    hold_next_commit = False
-    fail_next_commit = False
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.commit_held = threading.Event()
-        self.release_commit = threading.Event()
-
-    def begin_batch(
-        self,
-        work: Callable[[LmdbShardTransaction], T],
-        *,
-        epoch: int,
-        at_ms: int,
-        write_ahead_if: Callable[[int], bool] | None = None,
-    ) -> OpenBatch[T]:
-        batch = super().begin_batch(work, epoch=epoch, at_ms=at_ms, write_ahead_if=write_ahead_if)
-        commit = batch.commit
-        if batch.written_ahead and self.hold_next_commit:
-            self.hold_next_commit = False
-
-            def held() -> None:
-                self.commit_held.set()
-                assert self.release_commit.wait(10), "the test never released the commit"
-                commit()
-
-            batch.commit = held  # type: ignore[method-assign]
-        elif batch.written_ahead and self.fail_next_commit:
-            self.fail_next_commit = False
-
-            def failing() -> None:
-                batch._txn.abort()  # LMDB's commit below then fails, as a failed write or sync would
-                commit()
-
-            batch.commit = failing  # type: ignore[method-assign]
-        return batch
 
 
 def open_environment(directory: pathlib.Path) -> HeldCommitEnvironment:
@@ -147,11 +106,11 @@ def test_a_send_on_the_writer_thread_is_answered_while_lmdb_still_commits(
     async def scenario() -> None:
         writers = WriterThreads(1, commit_on_loop_when_idle=False)
         shard = committer(environment, writers)
-        environment.hold_next_commit = True
+        hold = environment.hold_next_commit()
         outcome = await asyncio.wait_for(shard.submit(send(b"answered ahead")), 5)
         # The answer may reach this loop before the writer thread reaches LMDB's commit:
         # either way it is held there, and released only below.
-        assert await asyncio.to_thread(environment.commit_held.wait, 5)
+        assert await asyncio.to_thread(hold.reached.wait, 5)
         assert [sent.seq for sent in outcome] == [1]
         # Answered while LMDB has not committed it: only the commit-ahead file holds it,
         # and the committer says so (receives then ask it rather than a read transaction).
@@ -161,7 +120,7 @@ def test_a_send_on_the_writer_thread_is_answered_while_lmdb_still_commits(
         assert len(written) == 1
         assert decode_entry(written[0]).index == 1
         assert bodies_in(written[0]) == [b"answered ahead"]
-        environment.release_commit.set()
+        hold.release()
         await shard.close()
         assert not shard.answered_uncommitted
         assert stored_bodies(environment) == [b"answered ahead"]
@@ -314,12 +273,12 @@ def test_on_a_busy_writer_thread_a_batch_with_others_behind_it_commits_the_usual
     async def scenario() -> None:
         writers = WriterThreads(1, commit_on_loop_when_idle=False)  # the three shards share its thread
         shards = [committer(environment, writers) for environment in (first, second, third)]
-        first.hold_next_commit = True
+        hold = first.hold_next_commit()
         answers = [shards[0].enqueue(send(b"holds the thread"))]
-        assert await asyncio.to_thread(first.commit_held.wait, 5)
+        assert await asyncio.to_thread(hold.reached.wait, 5)
         answers.append(shards[1].enqueue(send(b"another batch waits behind it")))
         answers.append(shards[2].enqueue(send(b"nothing waits behind it")))
-        first.release_commit.set()
+        hold.release()
         await asyncio.wait_for(asyncio.gather(*answers), 5)
         for shard in shards:
             await shard.close()
@@ -334,3 +293,62 @@ def test_on_a_busy_writer_thread_a_batch_with_others_behind_it_commits_the_usual
     finally:
         for environment in (first, second, third):
             environment.close()
+
+
+def test_on_the_writer_thread_a_batch_over_the_size_cap_commits_the_usual_way(
+    environment: HeldCommitEnvironment,
+) -> None:
+    """Large batches come from load (clients fold their calls): written ahead, they would
+    pay one more synchronous write; they are answered once LMDB committed them."""
+
+    async def scenario() -> list[list[bytes]]:
+        writers = WriterThreads(1, commit_on_loop_when_idle=False)
+        shard = committer(environment, writers)
+        stored_when_answered: list[list[bytes]] = []
+        for body in (b"L" * WRITE_AHEAD_MAX_BYTES, b"small"):
+            answer = shard.enqueue(send(body))
+            answer.add_done_callback(lambda _: stored_when_answered.append(stored_bodies(environment)))
+            await asyncio.wait_for(answer, 5)
+        await shard.close()
+        writers.shutdown()
+        return stored_when_answered
+
+    stored_when_answered = asyncio.run(scenario())
+    assert stored_when_answered[0] == [b"L" * WRITE_AHEAD_MAX_BYTES]
+    assert [bodies_in(entry) for entry in environment.committed_ahead()] == [[b"small"]]
+
+
+def test_a_read_waits_for_the_batches_answered_before_it_and_not_for_later_ones(
+    environment: HeldCommitEnvironment,
+) -> None:
+    """until_committed (a queue's counts, a peek, an export wait on it) returns once LMDB
+    holds what was answered before the call, and not later: under steady load there is
+    always a batch answered and not yet committed, and a read waiting until none is
+    would wait for good. (Here the read's wake-up after the first commit comes before
+    the second batch is answered, so a read waiting until none is would return too: that
+    interleaving is the loaded server's, where the event loop is slow to wake the read.)"""
+
+    async def scenario() -> None:
+        writers = WriterThreads(1, commit_on_loop_when_idle=False)
+        shard = committer(environment, writers)
+        first = environment.hold_next_commit()
+        await asyncio.wait_for(shard.submit(send(b"first")), 5)
+        assert await asyncio.to_thread(first.reached.wait, 5)
+        read = asyncio.ensure_future(shard.until_committed())
+        second = environment.hold_next_commit()
+        answer = shard.enqueue(send(b"second"))  # answered after the read began
+        await asyncio.sleep(0.2)
+        assert not read.done()  # LMDB does not hold the first send yet
+        first.release()
+        assert [sent.seq for sent in await asyncio.wait_for(answer, 5)] == [2]
+        assert await asyncio.to_thread(second.reached.wait, 5)
+        await asyncio.wait_for(read, 5)  # while the second's commit is still held
+        assert shard.answered_uncommitted
+        assert stored_bodies(environment) == [b"first"]
+        second.release()
+        await asyncio.wait_for(shard.until_committed(), 5)
+        assert stored_bodies(environment) == [b"first", b"second"]
+        await shard.close()
+        writers.shutdown()
+
+    asyncio.run(scenario())
