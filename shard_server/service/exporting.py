@@ -267,6 +267,7 @@ class ExportServicer(export_pb2_grpc.ExportServiceServicer):
         try:
             shards = self.host.get(request.queue).config.shards
             hosted = self._queue_and_shard(request.queue, request.shard)
+            await hosted.committer.until_committed()  # the bounds take in every answered write
             with hosted.environment.read() as tx:
                 first, last = tx.first_log_index(), tx.last_index()
             return export_pb2.JournalBounds(

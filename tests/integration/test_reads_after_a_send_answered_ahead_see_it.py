@@ -1,7 +1,8 @@
 """A standalone server answers a send once its entry is durable in the commit-ahead file,
 before LMDB commits it. Whatever a caller does once answered sees the send, as it would
 had LMDB committed it: a short-poll receive claims it, the queue's counts and a peek
-show it, and an export's snapshot holds it.
+show it, an export's snapshot holds it, and so does the journal, read up to the end its
+bounds give.
 
 Each read starts while LMDB's commit of the send is held by a fault injector
 (tests/support/held_commits.py), in a real server run in this process, on the writer
@@ -84,6 +85,18 @@ async def exported_bodies(endpoint: str) -> list[bytes]:
         return [message.body async for batch in batches for message in batch.messages]
 
 
+async def journaled_sends(endpoint: str) -> int:
+    """How many sends the shard's journal holds, read up to the end its bounds give."""
+    async with grpc.aio.insecure_channel(endpoint) as channel:
+        stub = export_pb2_grpc.ExportServiceStub(channel)
+        bounds = await stub.GetJournalBounds(export_pb2.GetJournalBoundsRequest(queue=QUEUE, shard=0))
+        request = export_pb2.ReadJournalRequest(
+            queue=QUEUE, shard=0, from_index=bounds.first_index, to_index=bounds.last_index + 1
+        )
+        events = [event async for batch in stub.ReadJournal(request) for event in batch.events]
+    return sum(event.type == export_pb2.JOURNAL_EVENT_TYPE_SENT for event in events)
+
+
 def test_reads_made_once_a_send_is_answered_see_it_before_lmdb_committed_it(
     tmp_path: pathlib.Path, environments: list[HeldCommitEnvironment]
 ) -> None:
@@ -117,6 +130,9 @@ def test_reads_made_once_a_send_is_answered_see_it_before_lmdb_committed_it(
 
                 exported = await sent_then_read(client, environment, b"exported", lambda: exported_bodies(endpoint))
                 assert sorted(exported) == sorted([b"received", b"counted", b"peeked", b"exported"])
+
+                journaled = await sent_then_read(client, environment, b"journaled", lambda: journaled_sends(endpoint))
+                assert journaled == 5
         finally:
             stop.set()
             await asyncio.wait_for(server, 30)
