@@ -85,14 +85,15 @@ async def exported_bodies(endpoint: str) -> list[bytes]:
         return [message.body async for batch in batches for message in batch.messages]
 
 
-async def journaled_sends(endpoint: str) -> int:
-    """How many sends the shard's journal holds, read up to the end its bounds give."""
+async def journaled_sends(endpoint: str, *, up_to_the_bounds: bool) -> int:
+    """How many sends the shard's journal holds, read up to the end its bounds give, or
+    to its end (to_index 0)."""
     async with grpc.aio.insecure_channel(endpoint) as channel:
         stub = export_pb2_grpc.ExportServiceStub(channel)
-        bounds = await stub.GetJournalBounds(export_pb2.GetJournalBoundsRequest(queue=QUEUE, shard=0))
-        request = export_pb2.ReadJournalRequest(
-            queue=QUEUE, shard=0, from_index=bounds.first_index, to_index=bounds.last_index + 1
-        )
+        request = export_pb2.ReadJournalRequest(queue=QUEUE, shard=0, from_index=1)
+        if up_to_the_bounds:
+            bounds = await stub.GetJournalBounds(export_pb2.GetJournalBoundsRequest(queue=QUEUE, shard=0))
+            request.from_index, request.to_index = bounds.first_index, bounds.last_index + 1
         events = [event async for batch in stub.ReadJournal(request) for event in batch.events]
     return sum(event.type == export_pb2.JOURNAL_EVENT_TYPE_SENT for event in events)
 
@@ -131,8 +132,17 @@ def test_reads_made_once_a_send_is_answered_see_it_before_lmdb_committed_it(
                 exported = await sent_then_read(client, environment, b"exported", lambda: exported_bodies(endpoint))
                 assert sorted(exported) == sorted([b"received", b"counted", b"peeked", b"exported"])
 
-                journaled = await sent_then_read(client, environment, b"journaled", lambda: journaled_sends(endpoint))
+                journaled = await sent_then_read(
+                    client, environment, b"journaled", lambda: journaled_sends(endpoint, up_to_the_bounds=True)
+                )
                 assert journaled == 5
+                journaled = await sent_then_read(
+                    client,
+                    environment,
+                    b"journaled to the end",
+                    lambda: journaled_sends(endpoint, up_to_the_bounds=False),
+                )
+                assert journaled == 6
         finally:
             stop.set()
             await asyncio.wait_for(server, 30)
