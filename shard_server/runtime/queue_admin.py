@@ -101,6 +101,7 @@ class QueueAdmin:
     async def close_hosted(self, name: str) -> int:
         """Stop hosting queue `name` and delete its data here; how many messages it held here."""
         queue = self.host.queues.pop(name)
+        await queue.until_committed()  # the count takes in sends answered ahead of LMDB's commit
         messages = sum(shard.message_count() for shard in queue.shards)
         await _cancelled(
             [self._tasks.pop(name, None), *(self._shard_tasks.pop((name, shard.index), None) for shard in queue.shards)]

@@ -2,7 +2,7 @@
 before LMDB commits it. Whatever a caller does once answered sees the send, as it would
 had LMDB committed it: a short-poll receive claims it, the queue's counts and a peek
 show it, an export's snapshot holds it, and so does the journal, read up to the end its
-bounds give.
+bounds give; deleting the queue counts it among the messages deleted.
 
 Each read starts while LMDB's commit of the send is held by a fault injector
 (tests/support/held_commits.py), in a real server run in this process, on the writer
@@ -63,12 +63,17 @@ def environments(monkeypatch: pytest.MonkeyPatch) -> list[HeldCommitEnvironment]
 
 
 async def sent_then_read(
-    client: AsyncClient, environment: HeldCommitEnvironment, body: bytes, read: Callable[[], Awaitable[T]]
+    client: AsyncClient,
+    environment: HeldCommitEnvironment,
+    body: bytes,
+    read: Callable[[], Awaitable[T]],
+    *,
+    queue: str = QUEUE,
 ) -> T:
     """Send `body`, and once it is answered and LMDB's commit of it held, start `read`;
     the commit is released only after the read had time to answer without it."""
     hold = environment.hold_next_commit(sending=body)
-    await client.send_messages(QUEUE, [Message(body)])
+    await client.send_messages(queue, [Message(body)])
     assert await asyncio.to_thread(hold.reached.wait, 5), "the send was not written ahead"
     try:
         reading = asyncio.ensure_future(read())
@@ -143,6 +148,13 @@ def test_reads_made_once_a_send_is_answered_see_it_before_lmdb_committed_it(
                     lambda: journaled_sends(endpoint, up_to_the_bounds=False),
                 )
                 assert journaled == 6
+
+                await client.create_queue("created", {"shards": "1"})
+                created = environments[-1]
+                deleted = await sent_then_read(
+                    client, created, b"deleted", lambda: client.delete_queue("created"), queue="created"
+                )
+                assert deleted == 1
         finally:
             stop.set()
             await asyncio.wait_for(server, 30)
