@@ -108,13 +108,25 @@ class PhaseSpec:
 # -- measurement ----------------------------------------------------------------------
 
 
-def process_cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all its threads) from /proc/<pid>/stat."""
-    text = pathlib.Path(f"/proc/{pid}/stat").read_text()
+def cpu_times(stat: pathlib.Path) -> tuple[float, float]:
+    """(user, system) CPU seconds from a /proc stat file: a process's (all its threads)
+    or one thread's (/proc/<pid>/task/<tid>/stat)."""
+    text = stat.read_text()
     fields = text[text.rindex(")") + 2 :].split()
     # Fields after "(comm)" start at field 3 (state); utime is field 14, stime 15.
-    utime, stime = int(fields[11]), int(fields[12])
-    return (utime + stime) / os.sysconf("SC_CLK_TCK")
+    ticks = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / ticks, int(fields[12]) / ticks
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads) from /proc/<pid>/stat."""
+    return sum(cpu_times(pathlib.Path(f"/proc/{pid}/stat")))
+
+
+def main_thread_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process's first thread: a server's event loop (its writer
+    thread, gRPC's threads and the kernel work they cause are the rest)."""
+    return sum(cpu_times(pathlib.Path(f"/proc/{pid}/task/{pid}/stat")))
 
 
 def child_pids(pid: int) -> list[int]:
@@ -179,6 +191,12 @@ class Meter:
     server_cpu_s: float = 0.0
     # The server's child processes (idle-polling spinners), apart from its own figure.
     children_cpu_s: float = 0.0
+    # Parts of server_cpu_s: its event-loop thread's, and the system (kernel) time of all
+    # its threads (syscalls: socket I/O, wake-ups, the storage's writes and syncs).
+    server_loop_cpu_start: float = 0.0
+    server_system_cpu_start: float = 0.0
+    server_loop_cpu_s: float = 0.0
+    server_system_cpu_s: float = 0.0
     commits_start: CommitTotals | None = None
     commits: CommitTotals | None = None
 
@@ -187,6 +205,8 @@ class Meter:
         self.commits_start = commit_totals(self.metrics_url) if self.metrics_url else None
         self.client_cpu_start = own_cpu_seconds()
         self.server_cpu_start = process_cpu_seconds(self.server_pid)
+        self.server_loop_cpu_start = main_thread_cpu_seconds(self.server_pid)
+        self.server_system_cpu_start = cpu_times(pathlib.Path(f"/proc/{self.server_pid}/stat"))[1]
         self.children_cpu_start = children_cpu_seconds(self.server_pid)
         self.started = time.perf_counter()
 
@@ -194,6 +214,10 @@ class Meter:
         self.elapsed_s = (finished_at or time.perf_counter()) - self.started
         self.client_cpu_s = own_cpu_seconds() - self.client_cpu_start
         self.server_cpu_s = process_cpu_seconds(self.server_pid) - self.server_cpu_start
+        self.server_loop_cpu_s = main_thread_cpu_seconds(self.server_pid) - self.server_loop_cpu_start
+        self.server_system_cpu_s = (
+            cpu_times(pathlib.Path(f"/proc/{self.server_pid}/stat"))[1] - self.server_system_cpu_start
+        )
         self.children_cpu_s = children_cpu_seconds(self.server_pid) - self.children_cpu_start
         if self.metrics_url and self.commits_start is not None:
             self.commits = commit_totals(self.metrics_url) - self.commits_start
@@ -208,6 +232,8 @@ class Meter:
             "server_cpu_s": round(self.server_cpu_s, 3),
             "client_cpu_s": round(self.client_cpu_s, 3),
             "server_cpu_us_per_msg": round(self.server_cpu_s * per_message, 2),
+            "server_loop_cpu_us_per_msg": round(self.server_loop_cpu_s * per_message, 2),
+            "server_system_cpu_us_per_msg": round(self.server_system_cpu_s * per_message, 2),
             "client_cpu_us_per_msg": round(self.client_cpu_s * per_message, 2),
             "spinner_cpu_us_per_msg": round(self.children_cpu_s * per_message, 2),
         }

@@ -31,7 +31,8 @@ is recorded. Phases, in order, for each C:
 With C=4 the send and worker phases are the issue's "4 producers / 4 consumers, one call
 in flight each". Each phase runs --ops calls in all (at least 4 per caller) or
 --max-seconds, whichever comes first. Reported per phase: calls/s, p50 / p99 / p99.9 /
-max latency, the CPU the server and this client process used per call, and the server's
+max latency, the CPU the server and this client process used per call (the server's also
+split: its event-loop thread's, and its kernel time over all threads), and the server's
 commits (from its /metrics, read before and after the phase): commits per call, their
 mean time from start to durable, and requests per commit. The queue is drained between
 concurrencies so each starts from an empty queue.
@@ -126,6 +127,9 @@ def summarize(
     result["calls_per_s"] = report["msgs_per_s"]
     result["operations"] = operations
     result["server_cpu_us_per_call"] = report["server_cpu_us_per_msg"]
+    # Where the server's CPU went: its event-loop thread, and kernel time (all threads).
+    result["server_loop_cpu_us_per_call"] = report["server_loop_cpu_us_per_msg"]
+    result["server_system_cpu_us_per_call"] = report["server_system_cpu_us_per_msg"]
     result["client_cpu_us_per_call"] = report["client_cpu_us_per_msg"]
     result["spinner_cpu_us_per_call"] = report["spinner_cpu_us_per_msg"]
     # The server's commits in the cell: how many per call, how long each took to become
@@ -140,6 +144,7 @@ def summarize(
         f"[latency] C={concurrency:<3} {name:<17} {result['calls_per_s']:>9.1f}/s  "
         f"p50 {result.get('p50_ms', 0):7.2f} ms  p99 {result.get('p99_ms', 0):7.2f} ms  "
         f"p99.9 {result.get('p999_ms', 0):7.2f} ms  server {result['server_cpu_us_per_call']:7.0f} us/call"
+        f" (loop {result['server_loop_cpu_us_per_call']:.0f}, system {result['server_system_cpu_us_per_call']:.0f})"
         + (f" + spinners {result['spinner_cpu_us_per_call']:.0f}" if result["spinner_cpu_us_per_call"] else "")
         + (f"  commit {result['commit_ms_mean']:.2f} ms" if result.get("commit_ms_mean") else ""),
         file=sys.stderr,
