@@ -123,10 +123,22 @@ def process_cpu_seconds(pid: int) -> float:
     return sum(cpu_times(pathlib.Path(f"/proc/{pid}/stat")))
 
 
-def main_thread_cpu_seconds(pid: int) -> float:
-    """utime + stime of a process's first thread: a server's event loop (its writer
-    thread, gRPC's threads and the kernel work they cause are the rest)."""
-    return sum(cpu_times(pathlib.Path(f"/proc/{pid}/task/{pid}/stat")))
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerCpu:
+    """A server process's CPU seconds: in all, the kernel's part of them (all threads),
+    and its first thread's, the event loop (the writer thread and gRPC's have the rest)."""
+
+    total: float = 0.0
+    system: float = 0.0
+    loop: float = 0.0
+
+    def __sub__(self, earlier: ServerCpu) -> ServerCpu:
+        return ServerCpu(self.total - earlier.total, self.system - earlier.system, self.loop - earlier.loop)
+
+
+def server_cpu(pid: int) -> ServerCpu:
+    user, system = cpu_times(pathlib.Path(f"/proc/{pid}/stat"))
+    return ServerCpu(user + system, system, sum(cpu_times(pathlib.Path(f"/proc/{pid}/task/{pid}/stat"))))
 
 
 def child_pids(pid: int) -> list[int]:
@@ -184,19 +196,15 @@ class Meter:
     metrics_url: str | None = None
     started: float = 0.0
     client_cpu_start: float = 0.0
-    server_cpu_start: float = 0.0
+    server_cpu_start: ServerCpu = ServerCpu()
     children_cpu_start: float = 0.0
     elapsed_s: float = 0.0
     client_cpu_s: float = 0.0
-    server_cpu_s: float = 0.0
+    # The server's kernel part covers its syscalls: socket I/O, wake-ups, the storage's
+    # writes and syncs.
+    server_cpu: ServerCpu = ServerCpu()
     # The server's child processes (idle-polling spinners), apart from its own figure.
     children_cpu_s: float = 0.0
-    # Parts of server_cpu_s: its event-loop thread's, and the system (kernel) time of all
-    # its threads (syscalls: socket I/O, wake-ups, the storage's writes and syncs).
-    server_loop_cpu_start: float = 0.0
-    server_system_cpu_start: float = 0.0
-    server_loop_cpu_s: float = 0.0
-    server_system_cpu_s: float = 0.0
     commits_start: CommitTotals | None = None
     commits: CommitTotals | None = None
 
@@ -204,20 +212,14 @@ class Meter:
         # Scraped outside the CPU window: the scrape's own work is not the calls'.
         self.commits_start = commit_totals(self.metrics_url) if self.metrics_url else None
         self.client_cpu_start = own_cpu_seconds()
-        self.server_cpu_start = process_cpu_seconds(self.server_pid)
-        self.server_loop_cpu_start = main_thread_cpu_seconds(self.server_pid)
-        self.server_system_cpu_start = cpu_times(pathlib.Path(f"/proc/{self.server_pid}/stat"))[1]
+        self.server_cpu_start = server_cpu(self.server_pid)
         self.children_cpu_start = children_cpu_seconds(self.server_pid)
         self.started = time.perf_counter()
 
     def stop(self, finished_at: float | None = None) -> None:
         self.elapsed_s = (finished_at or time.perf_counter()) - self.started
         self.client_cpu_s = own_cpu_seconds() - self.client_cpu_start
-        self.server_cpu_s = process_cpu_seconds(self.server_pid) - self.server_cpu_start
-        self.server_loop_cpu_s = main_thread_cpu_seconds(self.server_pid) - self.server_loop_cpu_start
-        self.server_system_cpu_s = (
-            cpu_times(pathlib.Path(f"/proc/{self.server_pid}/stat"))[1] - self.server_system_cpu_start
-        )
+        self.server_cpu = server_cpu(self.server_pid) - self.server_cpu_start
         self.children_cpu_s = children_cpu_seconds(self.server_pid) - self.children_cpu_start
         if self.metrics_url and self.commits_start is not None:
             self.commits = commit_totals(self.metrics_url) - self.commits_start
@@ -229,11 +231,11 @@ class Meter:
             **commits,
             "elapsed_s": round(self.elapsed_s, 3),
             "msgs_per_s": round(messages / self.elapsed_s, 1) if self.elapsed_s > 0 else 0.0,
-            "server_cpu_s": round(self.server_cpu_s, 3),
+            "server_cpu_s": round(self.server_cpu.total, 3),
             "client_cpu_s": round(self.client_cpu_s, 3),
-            "server_cpu_us_per_msg": round(self.server_cpu_s * per_message, 2),
-            "server_loop_cpu_us_per_msg": round(self.server_loop_cpu_s * per_message, 2),
-            "server_system_cpu_us_per_msg": round(self.server_system_cpu_s * per_message, 2),
+            "server_cpu_us_per_msg": round(self.server_cpu.total * per_message, 2),
+            "server_loop_cpu_us_per_msg": round(self.server_cpu.loop * per_message, 2),
+            "server_system_cpu_us_per_msg": round(self.server_cpu.system * per_message, 2),
             "client_cpu_us_per_msg": round(self.client_cpu_s * per_message, 2),
             "spinner_cpu_us_per_msg": round(self.children_cpu_s * per_message, 2),
         }
