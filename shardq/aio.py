@@ -22,7 +22,7 @@ import grpc
 
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.channel_options import RESOLVE_AGAIN_WITHIN_HALF_A_SECOND
-from shardq.coalescing import Coalescer, Item, Result, WokenTogether
+from shardq.coalescing import Coalescer, Companions, Item, Result, WokenTogether
 from shardq.errors import InvalidArgument, NotLeader, OutcomeUnknown, QueueFull, ShardqError, Unavailable
 from shardq.queues import MAX_RECEIVE_BATCH, MAX_RECEIVE_SHARES
 from shardq.receipts import MalformedReceipt, decode_receipt
@@ -271,6 +271,8 @@ class AsyncClient:
         # Shared by the unary batchers: callers one shared answer woke make their next
         # calls (a receive answered, then a delete) together too.
         self._woken = WokenTogether()
+        # Per queue: its receive and delete batchers, whose calls workers make in turn.
+        self._companions: dict[str, Companions] = {}
         # Messages of shared receives whose callers gave up, on their way back to the queue.
         self._giving_back: set[asyncio.Task[list[EntryResult]]] = set()
         self._route_directly = route_directly
@@ -304,6 +306,7 @@ class AsyncClient:
         max_batch: int,
         max_in_flight: int,
         unwanted: Callable[[list[Result]], None] | None = None,
+        companions: Companions | None = None,
     ) -> Coalescer[Item, Result]:
         """`coalescers[key]`, made on first use with `submit`. A shared unary request the
         server refuses whole for what some of its calls hold goes again call by call;
@@ -318,6 +321,7 @@ class AsyncClient:
                 alone_on=_refused_whole_for_a_part,
                 unwanted=unwanted,
                 woken=self._woken,
+                companions=companions,
             )
         return coalescer
 
@@ -624,6 +628,7 @@ class AsyncClient:
             max_batch=MAX_RECEIVE_SHARES,
             max_in_flight=MAX_RECEIVES_IN_FLIGHT,
             unwanted=functools.partial(self._give_back, queue),
+            companions=self._companions_of(queue),
         )
 
     def _give_back(self, queue: str, parts: list[list[ReceivedMessage]]) -> None:
@@ -670,7 +675,16 @@ class AsyncClient:
             functools.partial(self._delete_now, queue, address),
             max_batch=MAX_ACK_BATCH,
             max_in_flight=MAX_ACKS_IN_FLIGHT,
+            companions=self._companions_of(queue),
         )
+
+    def _companions_of(self, queue: str) -> Companions:
+        """The queue's receive and delete batchers: workers receive, then delete each
+        message, so a lone call on one waits for the other's batch out (Companions)."""
+        companions = self._companions.get(queue)
+        if companions is None:
+            companions = self._companions[queue] = Companions()
+        return companions
 
     async def change_visibility(self, queue: str, changes: Sequence[tuple[str, int]]) -> list[EntryResult]:
         """Change visibility timeouts by receipt; per-receipt results. Concurrent calls to

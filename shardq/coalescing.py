@@ -36,6 +36,17 @@ callers' next calls share one request. Workers that split into groups stay split
 group answered alone wakes no one else), but into fewer: four workers draining a queue
 made two receive and two delete requests a round instead of three of each.
 
+Callers that take turns between batchers stay out of step once they fall out of it.
+Workers that receive, then delete each message awaiting the answer, start one alone
+and the rest together behind it (a lone call goes out at once), and that offset of one
+call lasted for good: every round one receive went out alone and three together, and
+one delete in ten did too. Batchers that are `Companions` (a queue's receives and
+deletes) hold a lone call while another of them has a batch out or about to go, and
+send it at the end of the loop turn in which one of them is answered: the callers that
+answer wakes make their next calls then, and join it. The workers fall into step at
+their first delete and stay there. A caller alone pays nothing: it has no batch out
+on the other batcher when it calls.
+
 A caller may give up (be cancelled) while its call waits in a shared request, which goes
 on for the others. Given `unwanted`, what that caller's part of the answer holds is
 handed to it: a receive's messages, claimed for nobody, go back to the queue at once
@@ -46,7 +57,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -69,6 +80,43 @@ class WokenTogether:
         self.active = False
 
 
+class Companions:
+    """Batchers whose calls the same callers make in turn (a queue's receives and deletes):
+    a lone call on one waits while another has a batch out or about to go, and goes out
+    at the end of the loop turn in which one of them is answered (event loop only)."""
+
+    def __init__(self) -> None:
+        self._members: list[Coalescer[Any, Any]] = []
+        self._holding: list[Coalescer[Any, Any]] = []
+        self._release_scheduled = False
+
+    def join(self, member: Coalescer[Any, Any]) -> None:
+        self._members.append(member)
+
+    def others_busy(self, member: Coalescer[Any, Any]) -> bool:
+        """Whether another member has a batch in flight or one due this loop turn: its
+        callers, once answered, may call `member` next. Calls held here do not count, so
+        two members never hold each other's."""
+        return any(other is not member and other.sending for other in self._members)
+
+    def hold(self, member: Coalescer[Any, Any]) -> None:
+        if member not in self._holding:
+            self._holding.append(member)
+
+    def answered(self) -> None:
+        """A member's batch was answered: release the held calls once the callers it
+        woke have run (they were scheduled before this)."""
+        if self._holding and not self._release_scheduled:
+            self._release_scheduled = True
+            asyncio.get_running_loop().call_soon(self._release)
+
+    def _release(self) -> None:
+        self._release_scheduled = False
+        holding, self._holding = self._holding, []
+        for member in holding:
+            member.release()
+
+
 class Coalescer(Generic[Item, Result]):
     def __init__(
         self,
@@ -79,9 +127,13 @@ class Coalescer(Generic[Item, Result]):
         alone_on: Callable[[Exception], bool] | None = None,
         unwanted: Callable[[list[Result]], None] | None = None,
         woken: WokenTogether | None = None,
+        companions: Companions | None = None,
     ) -> None:
         self._submit = submit
         self._woken = woken
+        self._companions = companions
+        if companions is not None:
+            companions.join(self)
         self._alone_on = alone_on
         self._unwanted = unwanted
         self._max_batch = max_batch
@@ -103,9 +155,23 @@ class Coalescer(Generic[Item, Result]):
         parts = await asyncio.gather(*(self._enqueue(chunk) for chunk in chunks))
         return [result for part in parts for result in part]
 
+    @property
+    def sending(self) -> bool:
+        """A batch is in flight, or pending calls go out at the end of this loop turn."""
+        return bool(self._in_flight or (self._pending and self._flush_scheduled))
+
+    def release(self) -> None:
+        """Send the calls held for a companion's answer (Companions)."""
+        if self._pending and self._in_flight < self._max_in_flight:
+            self._flush_soon()
+
     async def _run(self, chunk: list[Item]) -> list[Result]:
         if self._in_flight or self._pending or self._flush_scheduled or (self._woken and self._woken.active):
             return await self._enqueue(chunk)
+        if self._companions is not None and self._companions.others_busy(self):
+            # Held for the callers a companion's batch will wake: they call here next.
+            self._companions.hold(self)
+            return await self._enqueue(chunk, flush=False)
         # Alone: submitted now, in this task. Calls arriving meanwhile queue for the next batch.
         self._in_flight += 1
         try:
@@ -114,12 +180,14 @@ class Coalescer(Generic[Item, Result]):
             self._in_flight -= 1
             if self._pending:  # else this caller's next call may go out alone again, at once
                 self._flush_soon()
+            if self._companions is not None:
+                self._companions.answered()
 
-    def _enqueue(self, chunk: list[Item]) -> asyncio.Future[list[Result]]:
+    def _enqueue(self, chunk: list[Item], *, flush: bool = True) -> asyncio.Future[list[Result]]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[Result]] = loop.create_future()
         self._pending.append((chunk, future))
-        if self._in_flight < self._max_in_flight:
+        if flush and self._in_flight < self._max_in_flight:
             self._flush_soon()
         return future
 
@@ -152,6 +220,8 @@ class Coalescer(Generic[Item, Result]):
             # Even with nothing pending: the callers just answered call again from tasks that
             # run before the flush, and find it scheduled, so they share one batch.
             self._flush_soon()
+            if self._companions is not None:
+                self._companions.answered()
 
     async def _deliver(self, batch: list[tuple[list[Item], asyncio.Future[list[Result]]]]) -> None:
         try:

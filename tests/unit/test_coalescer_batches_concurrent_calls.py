@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from shardq.coalescing import Coalescer, WokenTogether
+from shardq.coalescing import Coalescer, Companions, WokenTogether
 
 
 class Recorder:
@@ -261,3 +261,79 @@ def test_callers_woken_together_make_their_next_calls_together_on_another_batche
 
     assert asyncio.run(scenario(WokenTogether())) == ([1, 3] * 6, [1, 3] * 6)
     assert asyncio.run(scenario(None)) == ([1, 3] + [1, 1, 2] * 5, [1, 1, 2] * 6)
+
+
+def test_workers_taking_turns_between_companion_batchers_fall_into_step() -> None:
+    """The same four workers on batchers that are Companions: the first worker's delete,
+    made while the other three's receive is due, waits for that receive's answer and goes
+    out with their deletes. From then on one batch a round on each batcher, where the
+    WokenTogether alone left the first worker a call ahead for good ([1, 3] every round)."""
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        receives: list[int] = []
+        deletes: list[int] = []
+
+        def recording(sizes: list[int]) -> Callable[[list[int]], Awaitable[list[int]]]:
+            async def submit(items: list[int]) -> list[int]:
+                sizes.append(len(items))
+                for _ in range(3):
+                    await asyncio.sleep(0)
+                return items
+
+            return submit
+
+        woken, companions = WokenTogether(), Companions()
+        receiver: Coalescer[int, int] = Coalescer(
+            recording(receives), max_batch=16, max_in_flight=4, woken=woken, companions=companions
+        )
+        deleter: Coalescer[int, int] = Coalescer(
+            recording(deletes), max_batch=16, max_in_flight=4, woken=woken, companions=companions
+        )
+
+        async def worker(number: int) -> None:
+            for _ in range(6):
+                assert await receiver.add(number) == number
+                assert await deleter.add(number) == number
+
+        await asyncio.gather(*(worker(number) for number in range(4)))
+        return receives, deletes
+
+    assert asyncio.run(scenario()) == ([1, 3] + [4] * 5, [4] * 6)
+
+
+def test_a_call_held_for_a_companion_goes_out_when_that_batch_is_answered_even_alone() -> None:
+    """A held call never waits for company that does not come: once the companion's batch
+    is answered it goes out, whether or not that answer's callers call again. And a lone
+    call whose companions have nothing out goes at once, from its caller's own task."""
+
+    async def scenario() -> None:
+        order: list[str] = []
+        answer_slow = asyncio.Event()
+
+        async def slow(items: list[int]) -> list[int]:
+            order.append(f"slow {items}")
+            await answer_slow.wait()
+            return items
+
+        async def fast(items: list[int]) -> list[int]:
+            order.append(f"fast {items}")
+            return items
+
+        companions = Companions()
+        first: Coalescer[int, int] = Coalescer(slow, max_batch=16, max_in_flight=4, companions=companions)
+        second: Coalescer[int, int] = Coalescer(fast, max_batch=16, max_in_flight=4, companions=companions)
+
+        assert await second.add(1) == 1  # nothing out on `first`: at once
+        assert order == ["fast [1]"]
+        slow_call = asyncio.create_task(first.add(2))
+        await asyncio.sleep(0)
+        held = asyncio.create_task(second.add(3))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert order == ["fast [1]", "slow [2]"], "held while the companion's batch is out"
+        answer_slow.set()
+        assert await slow_call == 2
+        assert await asyncio.wait_for(held, 1) == 3
+        assert order == ["fast [1]", "slow [2]", "fast [3]"]
+
+    asyncio.run(scenario())
