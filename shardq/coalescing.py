@@ -50,7 +50,9 @@ on the other batcher when it calls.
 A caller may give up (be cancelled) while its call waits in a shared request, which goes
 on for the others. Given `unwanted`, what that caller's part of the answer holds is
 handed to it: a receive's messages, claimed for nobody, go back to the queue at once
-instead of at their visibility timeout.
+instead of at their visibility timeout. A call given up before its batch went out is
+left out of it: nothing was sent for it, so a send cancelled while it waited stores
+nothing, and a receive claims nothing for nobody.
 """
 
 from __future__ import annotations
@@ -200,6 +202,9 @@ class Coalescer(Generic[Item, Result]):
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        if any(future.done() for _, future in self._pending):
+            # Given up while waiting (a future is only ever done here by cancellation).
+            self._pending = [call for call in self._pending if not call[1].done()]
         while self._pending and self._in_flight < self._max_in_flight:
             taken = 1
             size = len(self._pending[0][0])

@@ -249,7 +249,10 @@ def test_messages_of_a_caller_that_gave_up_go_back_to_the_queue_at_once(server: 
                 for _ in range(4)
             ]
             await asyncio.sleep(0)  # each call is made: the first is out, the rest wait to share
-            calls[2].cancel()
+            await calls[0]
+            for _ in range(3):  # the three waiting calls' shared request goes out
+                await asyncio.sleep(0)
+            calls[2].cancel()  # while its share is out (a round trip takes ~1 ms)
             kept = [await call for position, call in enumerate(calls) if position != 2]
             assert calls[2].cancelled()
             back: list[bytes] = []

@@ -67,6 +67,25 @@ def test_concurrent_small_sends_share_requests_and_each_caller_gets_its_own_resu
     assert requests == 2, f"{requests:.0f} send requests for 8 concurrent calls"
 
 
+def test_a_send_given_up_while_it_waited_to_share_a_request_stores_nothing(server: ServerProcess) -> None:
+    """A caller cancelled while its send waits for the request in flight: nothing was sent
+    for it, so nothing of it is stored, and the others' sends go out without it."""
+
+    async def scenario() -> tuple[list[list[SendResult]], bool, list[bytes]]:
+        async with AsyncClient(server.endpoint) as client:
+            await client.send_messages(QUEUE, [Message(b"warm-up")])  # the queue's routes, known
+            calls = [asyncio.create_task(client.send_messages(QUEUE, [Message(b"m%d" % n)])) for n in range(4)]
+            await asyncio.sleep(0)  # each call is made: the first is out, the rest wait to share
+            calls[2].cancel()
+            kept = [await call for position, call in enumerate(calls) if position != 2]
+            return kept, calls[2].cancelled(), await drain(client, 4)
+
+    kept, cancelled, bodies = asyncio.run(scenario())
+    assert cancelled
+    assert [[result.ok for result in answer] for answer in kept] == [[True]] * 3
+    assert bodies == [b"m0", b"m1", b"m3", b"warm-up"], "the given-up send was stored"
+
+
 def test_one_callers_invalid_message_fails_that_caller_alone(server: ServerProcess) -> None:
     async def scenario() -> tuple[list[list[SendResult] | BaseException], float, list[bytes]]:
         async with AsyncClient(server.endpoint) as client:

@@ -206,24 +206,73 @@ def test_full_batches_go_out_while_others_are_in_flight() -> None:
 
 
 def test_the_answer_of_a_caller_that_gave_up_goes_to_unwanted() -> None:
-    """A caller cancelled while its call waits in a shared batch: the batch goes on for the
+    """A caller cancelled while its call is out in a shared batch: the batch goes on for the
     others, and that caller's part of the answer is handed to `unwanted` (for receives:
     messages claimed for nobody), not dropped."""
 
     async def scenario() -> None:
         unwanted: list[list[str]] = []
+        out = asyncio.Event()
 
         async def submit(items: list[int]) -> list[str]:
+            out.set()
             await asyncio.sleep(0.002)
             return [f"answer {item}" for item in items]
 
         coalescer: Coalescer[int, str] = Coalescer(submit, max_batch=10, max_in_flight=1, unwanted=unwanted.append)
-        calls = [asyncio.create_task(coalescer.add(number)) for number in range(4)]
-        await asyncio.sleep(0)  # the first is out alone; the other three wait to share
-        calls[2].cancel()
-        answers = [await call for position, call in enumerate(calls) if position != 2]
-        assert answers == ["answer 0", "answer 1", "answer 3"]
+        blocker = asyncio.create_task(coalescer.add(0))
+        await out.wait()  # out alone; the next three wait and go out together after it
+        out.clear()
+        calls = [asyncio.create_task(coalescer.add(number)) for number in range(1, 4)]
+        assert await blocker == "answer 0"
+        await out.wait()  # the three are out now
+        calls[1].cancel()
+        answers = [await call for position, call in enumerate(calls) if position != 1]
+        assert answers == ["answer 1", "answer 3"]
         assert unwanted == [["answer 2"]]
+
+    asyncio.run(scenario())
+
+
+def test_a_call_given_up_before_its_batch_went_out_is_left_out_of_it() -> None:
+    """Nothing was sent for a call cancelled while it waited for the batch in flight: the
+    next batch goes without it (a send so cancelled stores nothing, a receive claims
+    nothing for nobody), and a batch of only such calls is never sent."""
+
+    async def scenario() -> None:
+        batches: list[list[int]] = []
+        answer = asyncio.Event()
+
+        async def submit(items: list[int]) -> list[int]:
+            batches.append(items)
+            await answer.wait()
+            answer.clear()
+            return [item * 10 for item in items]
+
+        async def settle() -> None:
+            for _ in range(5):
+                await asyncio.sleep(0)
+
+        coalescer: Coalescer[int, int] = Coalescer(submit, max_batch=10, max_in_flight=1)
+        first = asyncio.create_task(coalescer.add(0))
+        await settle()  # out alone, held open until answered
+        waiting = [asyncio.create_task(coalescer.add(number)) for number in (1, 2, 3)]
+        await settle()
+        waiting[1].cancel()
+        answer.set()
+        assert await first == 0
+        await settle()  # the waiting calls' batch is out
+        answer.set()
+        assert [await waiting[0], await waiting[2]] == [10, 30]
+        alone = asyncio.create_task(coalescer.add(4))
+        await settle()
+        gone = asyncio.create_task(coalescer.add(5))
+        await settle()
+        gone.cancel()
+        answer.set()
+        assert await alone == 40
+        await settle()
+        assert batches == [[0], [1, 3], [4]]
 
     asyncio.run(scenario())
 
