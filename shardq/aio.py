@@ -306,12 +306,13 @@ class AsyncClient:
         max_batch: int,
         max_in_flight: int,
         unwanted: Callable[[list[Result]], None] | None = None,
-        companions: Companions | None = None,
+        companions_of: str | None = None,
     ) -> Coalescer[Item, Result]:
         """`coalescers[key]`, made on first use with `submit`. A shared unary request the
         server refuses whole for what some of its calls hold goes again call by call;
         `unwanted` gets the answers of callers that gave up meanwhile; every unary batcher
-        shares the client's WokenTogether."""
+        shares the client's WokenTogether, and those made `companions_of` a queue share
+        its Companions (looked up only when the batcher is made)."""
         coalescer = coalescers.get(key)
         if coalescer is None:
             coalescer = coalescers[key] = Coalescer(
@@ -321,7 +322,7 @@ class AsyncClient:
                 alone_on=_refused_whole_for_a_part,
                 unwanted=unwanted,
                 woken=self._woken,
-                companions=companions,
+                companions=None if companions_of is None else self._companions_of(companions_of),
             )
         return coalescer
 
@@ -628,7 +629,7 @@ class AsyncClient:
             max_batch=MAX_RECEIVE_SHARES,
             max_in_flight=MAX_RECEIVES_IN_FLIGHT,
             unwanted=functools.partial(self._give_back, queue),
-            companions=self._companions_of(queue),
+            companions_of=queue,
         )
 
     def _give_back(self, queue: str, parts: list[list[ReceivedMessage]]) -> None:
@@ -675,7 +676,7 @@ class AsyncClient:
             functools.partial(self._delete_now, queue, address),
             max_batch=MAX_ACK_BATCH,
             max_in_flight=MAX_ACKS_IN_FLIGHT,
-            companions=self._companions_of(queue),
+            companions_of=queue,
         )
 
     def _companions_of(self, queue: str) -> Companions:
