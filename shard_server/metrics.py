@@ -96,6 +96,13 @@ REQUEST_SECONDS = Histogram(
 REQUESTS = Counter(
     "shardq_requests", "RPCs answered, by method and gRPC status code.", ("method", "code"), registry=REGISTRY
 )
+ACKNOWLEDGEMENTS = Counter(
+    "shardq_acknowledgements",
+    "Acknowledgement frames answered on consume streams; each deletes or releases as a"
+    " DeleteMessages or ReleaseMessages call does (AsyncClient sends its deletes this way).",
+    ("queue",),
+    registry=REGISTRY,
+)
 OPEN_STREAMS = Gauge(
     "shardq_open_streams",
     "Streaming RPCs open now: consumers, producers, exports, journal reads.",

@@ -159,7 +159,8 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         ],
     )
     admin = QueueAdmin(host, catalog=catalog, static=static, managed_by=managed_by)
-    queue_pb2_grpc.add_QueueServiceServicer_to_server(QueueServicer(host, admin), server)
+    queue_servicer = QueueServicer(host, admin)
+    queue_pb2_grpc.add_QueueServiceServicer_to_server(queue_servicer, server)
     export_pb2_grpc.add_ExportServiceServicer_to_server(ExportServicer(host), server)
     service_names = [
         queue_pb2.DESCRIPTOR.services_by_name["QueueService"].full_name,
@@ -271,6 +272,7 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
     finally:
         log.info("shutting down: refusing new calls, finishing in-flight ones")
         await health_servicer.enter_graceful_shutdown()
+        queue_servicer.end_acknowledgement_streams()
         if replicas is not None:
             # Before the server stops answering: the heirs' first appends and the clients'
             # retries find the new leaders at once rather than after a lease expiry.

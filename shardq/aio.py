@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from shardq.ack_streams import AcknowledgementStreams
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.channel_options import RESOLVE_AGAIN_WITHIN_HALF_A_SECOND
 from shardq.coalescing import Coalescer, Companions, Item, Result, WokenTogether
@@ -266,6 +267,8 @@ class AsyncClient:
         # share one request.
         self._deleters: dict[tuple[str, str], Coalescer[str, EntryResult]] = {}
         self._visibility_changers: dict[tuple[str, str], Coalescer[tuple[str, int], EntryResult]] = {}
+        # The deleters' batches go out on these streams (shardq.ack_streams).
+        self._ack_streams = AcknowledgementStreams(self._open_ack_stream)
         # Per (queue, visibility timeout): concurrent short polls share one request.
         self._receivers: dict[tuple[str, int | None], Coalescer[int, list[ReceivedMessage]]] = {}
         # Shared by the unary batchers: callers one shared answer woke make their next
@@ -293,6 +296,7 @@ class AsyncClient:
         if self._producer is not None:
             await self._producer.close()
             self._producer = None
+        await self._ack_streams.close()
         for channel in self._leader_channels.values():
             await channel.close()
         await self._channel.close()
@@ -669,11 +673,24 @@ class AsyncClient:
             (await self._routed(queue, address, "DeleteMessages", request, idempotent=False)).results
         )
 
+    async def _delete_on_stream(self, queue: str, address: str, receipts: list[str]) -> list[EntryResult]:
+        """One batch of the deleter, on the queue's acknowledgement stream to `address`
+        (shardq.ack_streams: answered as the unary call would be, and by it where the
+        stream never carried the batch)."""
+        return await self._ack_streams.delete(
+            queue, address, receipts, functools.partial(self._delete_now, queue, address, receipts)
+        )
+
+    async def _open_ack_stream(self, queue: str, address: str) -> ConsumerStream:
+        # No credits: the server pushes nothing on it; max_batch is then never used.
+        stream = ConsumerStream(self._leader_stub(address), queue, credits=0, visibility_timeout_ms=None, max_batch=1)
+        return await stream.__aenter__()
+
     def _deleter(self, queue: str, address: str) -> Coalescer[str, EntryResult]:
         return self._coalescer_for(
             self._deleters,
             (queue, address),
-            functools.partial(self._delete_now, queue, address),
+            functools.partial(self._delete_on_stream, queue, address),
             max_batch=MAX_ACK_BATCH,
             max_in_flight=MAX_ACKS_IN_FLIGHT,
             companions_of=queue,
@@ -984,6 +1001,17 @@ class ConsumerStream:
 
     async def _delete_now(self, receipts: list[str]) -> list[EntryResult]:
         return entry_results_from_proto((await self._acknowledge(delete=receipts, release=())).deleted)
+
+    @property
+    def ended(self) -> bool:
+        """The stream ended or broke: nothing sent on it now would be answered."""
+        return self._ended or (self._reader is not None and self._reader.done())
+
+    async def acknowledge_deletes(self, receipts: Sequence[str]) -> queue_pb2.AckResult:
+        """One acknowledgement frame deleting `receipts`, not shared with other calls, and
+        its answer as the server gave it (`failed` set when refused whole). Raises as
+        `delete` does when the stream ended or broke first."""
+        return await self._acknowledge(delete=receipts, release=())
 
     async def _release_now(self, receipts: list[str]) -> list[EntryResult]:
         return entry_results_from_proto((await self._acknowledge(delete=(), release=receipts)).released)

@@ -130,6 +130,18 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
     def __init__(self, host: QueueHost, admin: QueueAdmin) -> None:
         self.host = host
         self.admin = admin
+        # Per open consume stream that was never granted credits: ends it (see ConsumeStream).
+        self._acknowledgement_streams: set[Callable[[], None]] = set()
+
+    def end_acknowledgement_streams(self) -> None:
+        """The server is shutting down: end every consume stream that only carries
+        acknowledgements (never granted credits) once it has answered those it read.
+        Such a stream has nothing of its own to finish, and clients keep one open for as
+        long as they live (AsyncClient sends its deletes on one), so a graceful stop
+        would otherwise wait out its whole grace period for them. Their clients learn
+        from SHUTTING_DOWN that what went unanswered was never read."""
+        for end in list(self._acknowledgement_streams):
+            end()
 
     async def _send(
         self, request: queue_pb2.SendMessagesRequest, *, forwarded: bool = False
@@ -422,6 +434,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             await abort_with(context, error)
             return
 
+        acknowledgements = metrics.ACKNOWLEDGEMENTS.labels(queue.config.name)
         # Responses; None when the client's side ended, an error when the stream must end with it.
         outgoing: asyncio.Queue[queue_pb2.ConsumeResponse | ShardqError | None] = asyncio.Queue()
         credits = 0
@@ -429,11 +442,16 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         acks: set[asyncio.Task[None]] = set()
 
         async def acknowledge(ack: queue_pb2.Acknowledge) -> None:
+            acknowledgements.inc()
             try:
                 if ack.release:
                     validate_release_reason("ack.release_reason", ack.release_reason)
-                deleted = await queue.delete(list(ack.receipts)) if ack.receipts else []
-                released = await queue.release(list(ack.release), reason=ack.release_reason) if ack.release else []
+                # The queue of that name now, as a DeleteMessages call finds it: deleted
+                # since the stream started, acknowledging raises QUEUE_NOT_FOUND, as that
+                # call would (the deleted queue's shards would refuse as shutting down).
+                current = self.host.get(queue.config.name)
+                deleted = await current.delete(list(ack.receipts)) if ack.receipts else []
+                released = await current.release(list(ack.release), reason=ack.release_reason) if ack.release else []
                 result = queue_pb2.AckResult(
                     ack_id=ack.ack_id,
                     deleted=entry_results_to_proto(deleted),
@@ -447,26 +465,41 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                     ok=False, error=queue_pb2.EntryError(reason=error.reason.value, message=error.message)
                 )
                 result = queue_pb2.AckResult(
-                    ack_id=ack.ack_id, deleted=[failed] * len(ack.receipts), released=[failed] * len(ack.release)
+                    ack_id=ack.ack_id,
+                    deleted=[failed] * len(ack.receipts),
+                    released=[failed] * len(ack.release),
+                    failed=stream_error(error),
                 )
             outgoing.put_nowait(queue_pb2.ConsumeResponse(ack=result))
 
+        granted = False
+        shutting_down = False
+
         async def read_requests() -> None:
-            nonlocal credits
+            nonlocal credits, granted
+            ending: ShardqError | None = None
             try:
-                async for request in request_iterator:
-                    kind = request.WhichOneof("kind")
-                    if kind == "credits":
-                        credits += request.credits
-                        credit_granted.set()
-                    elif kind == "ack":
-                        task = asyncio.create_task(acknowledge(request.ack))
-                        acks.add(task)
-                        task.add_done_callback(acks.discard)
+                try:
+                    async for request in request_iterator:
+                        kind = request.WhichOneof("kind")
+                        if kind == "credits":
+                            credits += request.credits
+                            granted = granted or request.credits > 0
+                            credit_granted.set()
+                        elif kind == "ack":
+                            task = asyncio.create_task(acknowledge(request.ack))
+                            acks.add(task)
+                            task.add_done_callback(acks.discard)
+                except asyncio.CancelledError:
+                    if not shutting_down:
+                        raise
+                    # Stopped reading (end_acknowledgement_streams): every acknowledgement
+                    # read is answered below; the client learns the rest was never read.
+                    ending = ShardqError(Reason.SHUTTING_DOWN, "the server is shutting down")
                 if acks:
                     await asyncio.wait(set(acks))
             finally:
-                outgoing.put_nowait(None)
+                outgoing.put_nowait(ending)
 
         async def push_messages() -> None:
             nonlocal credits
@@ -498,6 +531,14 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
 
         reader = asyncio.create_task(read_requests())
         pusher = asyncio.create_task(push_messages())
+
+        def end_if_only_acknowledging() -> None:
+            nonlocal shutting_down
+            if not granted and not shutting_down:
+                shutting_down = True
+                reader.cancel()
+
+        self._acknowledgement_streams.add(end_if_only_acknowledging)
         try:
             while (response := await outgoing.get()) is not None:
                 if isinstance(response, ShardqError):
@@ -505,6 +546,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                     return
                 yield response
         finally:
+            self._acknowledgement_streams.discard(end_if_only_acknowledging)
             pusher.cancel()
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -1087,21 +1087,31 @@ class AckResult(_message.Message):
     ACK_ID_FIELD_NUMBER: _builtins.int
     DELETED_FIELD_NUMBER: _builtins.int
     RELEASED_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
     ack_id: _builtins.int
     @_builtins.property
     def deleted(self) -> _containers.RepeatedCompositeFieldContainer[Global___EntryResult]: ...
     @_builtins.property
     def released(self) -> _containers.RepeatedCompositeFieldContainer[Global___EntryResult]: ...
+    @_builtins.property
+    def failed(self) -> Global___StreamError:
+        """Set when the acknowledgement failed as a whole (the error DeleteMessages would have
+        ended with: the queue was deleted, the shard lost its leadership before the
+        acknowledgement replicated, the server is shutting down). Every entry of `deleted`
+        and `released` then carries the same reason, for clients that do not read this.
+        """
+
     def __init__(
         self,
         *,
         ack_id: _builtins.int = ...,
         deleted: _abc.Iterable[Global___EntryResult] | None = ...,
         released: _abc.Iterable[Global___EntryResult] | None = ...,
+        failed: Global___StreamError | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["failed", b"failed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_id", b"ack_id", "deleted", b"deleted", "released", b"released"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_id", b"ack_id", "deleted", b"deleted", "failed", b"failed", "released", b"released"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
