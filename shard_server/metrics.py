@@ -96,11 +96,12 @@ REQUEST_SECONDS = Histogram(
 REQUESTS = Counter(
     "shardq_requests", "RPCs answered, by method and gRPC status code.", ("method", "code"), registry=REGISTRY
 )
-ACKNOWLEDGEMENTS = Counter(
-    "shardq_acknowledgements",
-    "Acknowledgement frames answered on consume streams; each deletes or releases as a"
-    " DeleteMessages or ReleaseMessages call does (AsyncClient sends its deletes this way).",
-    ("queue",),
+STREAM_REQUESTS = Counter(
+    "shardq_stream_requests",
+    "Requests answered on streams, by stream and the gRPC status code a unary call would have"
+    " ended with: SendStream batches, ConsumeStream acknowledgements (AsyncClient sends its"
+    " sends and deletes this way).",
+    ("method", "code"),
     registry=REGISTRY,
 )
 OPEN_STREAMS = Gauge(

@@ -272,7 +272,7 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
     finally:
         log.info("shutting down: refusing new calls, finishing in-flight ones")
         await health_servicer.enter_graceful_shutdown()
-        queue_servicer.end_acknowledgement_streams()
+        queue_servicer.end_request_streams()
         if replicas is not None:
             # Before the server stops answering: the heirs' first appends and the clients'
             # retries find the new leaders at once rather than after a lease expiry.

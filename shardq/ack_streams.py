@@ -22,19 +22,20 @@ What a caller sees is what a unary DeleteMessages gave it:
   whose connection failed does, and so does an answer that does not come within the
   unary call's deadline.
 
-A stream that failed in any way is dropped, and the next batch opens another.
+A stream that failed in any way is dropped, and the next batch opens another
+(shardq.stream_pool).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from shardq.api.v1 import queue_pb2
 from shardq.errors import NotLeader, OutcomeUnknown, Reason, ShardqError, Unavailable
 from shardq.status import error_from_stream
+from shardq.stream_pool import StreamPool
 from shardq.types import EntryResult
 
 # As long as a unary delete's deadline (AsyncClient._routed).
@@ -52,8 +53,8 @@ class AcknowledgementStream(Protocol):
     async def close(self) -> object: ...
 
 
-# Opens a queue's acknowledgement stream to a leader ("" for the endpoint).
-OpenStream = Callable[[str, str], Awaitable[AcknowledgementStream]]
+# Opens a queue's acknowledgement stream to a leader ("" for the endpoint): (queue, address).
+OpenStream = Callable[[tuple[str, str]], Awaitable[AcknowledgementStream]]
 # The same delete as a unary call, routed as unary calls are.
 UnaryDelete = Callable[[], Awaitable[list[EntryResult]]]
 
@@ -62,34 +63,27 @@ class AcknowledgementStreams:
     """A client's acknowledgement streams, by queue and leader address (event loop only)."""
 
     def __init__(self, open_stream: OpenStream) -> None:
-        self._open_stream = open_stream
-        self._streams: dict[tuple[str, str], AcknowledgementStream] = {}
-        # Streams being opened: concurrent first batches share one.
-        self._opening: dict[tuple[str, str], asyncio.Future[AcknowledgementStream]] = {}
-        self._dropped: set[asyncio.Task[object]] = set()
+        self._pool: StreamPool[tuple[str, str], AcknowledgementStream] = StreamPool(open_stream)
 
     async def delete(self, queue: str, address: str, receipts: list[str], unary: UnaryDelete) -> list[EntryResult]:
         """Delete `receipts` (1 to MAX_ACK_BATCH of them) of `queue` at the leader at `address`."""
         key = (queue, address)
-        try:
-            stream = await self._stream(key)
-        except Unavailable:
-            return await unary()  # could not open one: the unary path waits for the server
+        stream = await self._pool.get(key)
         try:
             async with asyncio.timeout(ANSWER_TIMEOUT_S):  # no task per batch, as wait_for makes
                 answer = await stream.acknowledge_deletes(receipts)
         except TimeoutError:
-            self._drop(key, stream)
+            self._pool.drop(key, stream)
             raise OutcomeUnknown(
                 f"a delete on the acknowledgement stream was not answered in {ANSWER_TIMEOUT_S:g} s"
             ) from None
         except ShardqError as error:
-            self._drop(key, stream)
+            self._pool.drop(key, stream)
             if isinstance(error, Unavailable) or error.reason is Reason.SHUTTING_DOWN:
                 return await unary()  # never reached the server (see the module docstring)
             raise
         if answer.HasField("failed"):
-            self._drop(key, stream)  # e.g. the queue it was opened on is gone
+            self._pool.drop(key, stream)  # e.g. the queue it was opened on is gone
             failure = error_from_stream(answer.failed, queue=queue)
             if isinstance(failure, NotLeader):
                 return await unary()
@@ -98,38 +92,5 @@ class AcknowledgementStreams:
             raise failure
         return [EntryResult(entry.ok, entry.error.reason, entry.error.message) for entry in answer.deleted]
 
-    async def _stream(self, key: tuple[str, str]) -> AcknowledgementStream:
-        stream = self._streams.get(key)
-        if stream is not None and not stream.ended:
-            return stream
-        if stream is not None:
-            self._drop(key, stream)
-        opening = self._opening.get(key)
-        if opening is None:
-            opening = self._opening[key] = asyncio.ensure_future(self._open_stream(*key))
-            opening.add_done_callback(lambda done: self._opened(key, done))
-        return await asyncio.shield(opening)
-
-    def _opened(self, key: tuple[str, str], done: asyncio.Future[AcknowledgementStream]) -> None:
-        self._opening.pop(key, None)
-        if not done.cancelled() and done.exception() is None:
-            self._streams[key] = done.result()
-
-    def _drop(self, key: tuple[str, str], stream: AcknowledgementStream) -> None:
-        if self._streams.get(key) is stream:
-            del self._streams[key]
-        closing = asyncio.ensure_future(stream.close())
-        self._dropped.add(closing)
-        closing.add_done_callback(self._dropped.discard)
-
     async def close(self) -> None:
-        """Close every stream (before the channels under them close)."""
-        for opening in list(self._opening.values()):
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await opening
-        streams, self._streams = list(self._streams.values()), {}
-        for stream in streams:
-            with contextlib.suppress(Exception):
-                await stream.close()
-        if self._dropped:
-            await asyncio.wait(set(self._dropped), timeout=5)
+        await self._pool.close()

@@ -29,6 +29,7 @@ from shardq.queues import MAX_RECEIVE_BATCH, MAX_RECEIVE_SHARES
 from shardq.receipts import MalformedReceipt, decode_receipt
 from shardq.receive_shares import split_shares
 from shardq.routing import choose_shard
+from shardq.send_streams import SendStreams
 from shardq.status import error_from_rpc, error_from_stream
 from shardq.types import (
     EntryResult,
@@ -161,6 +162,13 @@ def settings_from_proto(config: queue_pb2.QueueConfig) -> dict[str, Any]:
     return {field.name: value for field, value in config.ListFields() if field.name != "name"}
 
 
+def _send_request(queue: str, shard: int | None, messages: Sequence[Message]) -> queue_pb2.SendMessagesRequest:
+    request = queue_pb2.SendMessagesRequest(queue=queue, messages=[message_to_proto(m) for m in messages])
+    if shard is not None:
+        request.shard = shard
+    return request
+
+
 def entry_results_from_proto(results: Iterable[queue_pb2.EntryResult]) -> list[EntryResult]:
     return [EntryResult(r.ok, r.error.reason, r.error.message) for r in results]
 
@@ -205,21 +213,20 @@ class ProducerStream:
             raise
 
     @property
-    def broken(self) -> bool:
+    def ended(self) -> bool:
+        """The stream ended or broke: nothing sent on it now would be answered."""
         return self._reader.done()
 
-    async def send(self, queue: str, messages: Sequence[queue_pb2.MessageToSend]) -> queue_pb2.SendMessagesResponse:
-        if self.broken:
+    async def send_batch(self, request: queue_pb2.SendMessagesRequest) -> queue_pb2.SendMessagesResponse:
+        """Send one SendMessagesRequest on the stream; its answer, or the error the server
+        refused it with (raised as a unary call's would be), or the stream's failure."""
+        if self.ended:
             raise Unavailable("the producer stream has closed")
         request_id = next(self._ids)
         future: asyncio.Future[queue_pb2.SendMessagesResponse] = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = future
-        self._queues[request_id] = queue
-        self._requests.put_nowait(
-            queue_pb2.SendStreamRequest(
-                request_id=request_id, batch=queue_pb2.SendMessagesRequest(queue=queue, messages=messages)
-            )
-        )
+        self._queues[request_id] = request.queue
+        self._requests.put_nowait(queue_pb2.SendStreamRequest(request_id=request_id, batch=request))
         return await future
 
     async def close(self) -> None:
@@ -258,7 +265,8 @@ class AsyncClient:
         self.endpoint = endpoint
         self._channel = channel or grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
         self._stub = queue_pb2_grpc.QueueServiceStub(self._channel)
-        self._producer: ProducerStream | None = None
+        # Every send's batches go out on these streams (shardq.send_streams).
+        self._send_streams = SendStreams(self._open_send_stream)
         self._batchers: dict[str, Coalescer[Message, SendResult]] = {}
         # Per (queue, leader address or None for the endpoint, shard, idempotent):
         # concurrent small unary sends share one request.
@@ -293,9 +301,7 @@ class AsyncClient:
     async def close(self) -> None:
         if self._giving_back:  # before the channels close under them
             await asyncio.wait(set(self._giving_back), timeout=5)
-        if self._producer is not None:
-            await self._producer.close()
-            self._producer = None
+        await self._send_streams.close()
         await self._ack_streams.close()
         for channel in self._leader_channels.values():
             await channel.close()
@@ -511,16 +517,38 @@ class AsyncClient:
     async def _send_now(
         self, queue: str, address: str | None, shard: int | None, idempotent: bool, messages: list[Message]
     ) -> list[SendResult]:
-        request = queue_pb2.SendMessagesRequest(queue=queue, messages=[message_to_proto(m) for m in messages])
-        if shard is not None:
-            request.shard = shard
+        """A unary SendMessages (calls the client's batching leaves alone: empty, long, large)."""
+        request = _send_request(queue, shard, messages)
+        return send_results_from_proto(await self._send_unary(queue, address, idempotent, request))
+
+    async def _send_unary(
+        self, queue: str, address: str | None, idempotent: bool, request: queue_pb2.SendMessagesRequest
+    ) -> queue_pb2.SendMessagesResponse:
+        response: queue_pb2.SendMessagesResponse
         if address is None:
             # Nothing retries this call: cut off mid-call, it says it may have been stored
             # (OUTCOME_UNKNOWN), dedup ids or not, rather than "reached no server".
             response = await self._unary(self._stub.SendMessages, request, queue=queue, idempotent=False)
         else:
             response = await self._routed(queue, address, "SendMessages", request, idempotent=idempotent)
+        return response
+
+    async def _send_on_stream(
+        self, queue: str, address: str | None, shard: int | None, idempotent: bool, messages: list[Message]
+    ) -> list[SendResult]:
+        """One batch of a sender, on the producer stream to `address` (shardq.send_streams:
+        answered as the unary call would be, and by it where the stream never carried it)."""
+        request = _send_request(queue, shard, messages)
+        response = await self._send_streams.send(
+            address,
+            request,
+            sent_again_when_unknown=address is not None and idempotent,
+            unary=functools.partial(self._send_unary, queue, address, idempotent, request),
+        )
         return send_results_from_proto(response)
+
+    async def _open_send_stream(self, address: str | None) -> ProducerStream:
+        return ProducerStream(self._stub if address is None else self._leader_stub(address))
 
     def _sender(
         self, queue: str, address: str | None, shard: int | None, idempotent: bool
@@ -528,7 +556,7 @@ class AsyncClient:
         return self._coalescer_for(
             self._senders,
             (queue, address, shard, idempotent),
-            functools.partial(self._send_now, queue, address, shard, idempotent),
+            functools.partial(self._send_on_stream, queue, address, shard, idempotent),
             max_batch=MAX_AUTO_BATCH,
             max_in_flight=MAX_BATCHES_IN_FLIGHT,
         )
@@ -544,12 +572,7 @@ class AsyncClient:
         if batcher is None:
 
             async def submit(messages: list[Message]) -> list[SendResult]:
-                if self._producer is None or self._producer.broken:
-                    broken, self._producer = self._producer, ProducerStream(self._stub)
-                    if broken is not None:
-                        await broken.close()  # else its request pump waits forever
-                response = await self._producer.send(queue, [message_to_proto(m) for m in messages])
-                return send_results_from_proto(response)
+                return await self._send_on_stream(queue, None, None, False, messages)
 
             batcher = self._batchers[queue] = Coalescer(
                 submit,
@@ -681,7 +704,8 @@ class AsyncClient:
             queue, address, receipts, functools.partial(self._delete_now, queue, address, receipts)
         )
 
-    async def _open_ack_stream(self, queue: str, address: str) -> ConsumerStream:
+    async def _open_ack_stream(self, key: tuple[str, str]) -> ConsumerStream:
+        queue, address = key
         # No credits: the server pushes nothing on it; max_batch is then never used.
         stream = ConsumerStream(self._leader_stub(address), queue, credits=0, visibility_timeout_ms=None, max_batch=1)
         return await stream.__aenter__()

@@ -126,21 +126,31 @@ def unary(
     return decorate
 
 
+# The streams' names in shardq_stream_requests_total, as RPCs are named in shardq_requests_total.
+SEND_STREAM = "QueueService/SendStream"
+CONSUME_STREAM = "QueueService/ConsumeStream"
+# How a request stream the server stopped reading while shutting down ends: what its
+# client sent and got no answer for was never read (QueueServicer.end_request_streams).
+_STOPPED_READING = ShardqError(Reason.SHUTTING_DOWN, "the server is shutting down; what went unanswered was not read")
+
+
 class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
     def __init__(self, host: QueueHost, admin: QueueAdmin) -> None:
         self.host = host
         self.admin = admin
-        # Per open consume stream that was never granted credits: ends it (see ConsumeStream).
-        self._acknowledgement_streams: set[Callable[[], None]] = set()
+        # Per open producer stream, and consume stream never granted credits: stops reading
+        # it, so that it ends once it has answered what it read (end_request_streams).
+        self._request_streams: set[Callable[[], None]] = set()
 
-    def end_acknowledgement_streams(self) -> None:
-        """The server is shutting down: end every consume stream that only carries
-        acknowledgements (never granted credits) once it has answered those it read.
-        Such a stream has nothing of its own to finish, and clients keep one open for as
-        long as they live (AsyncClient sends its deletes on one), so a graceful stop
-        would otherwise wait out its whole grace period for them. Their clients learn
-        from SHUTTING_DOWN that what went unanswered was never read."""
-        for end in list(self._acknowledgement_streams):
+    def end_request_streams(self) -> None:
+        """The server is shutting down: end every producer stream, and every consume
+        stream that only carries acknowledgements (never granted credits), once it has
+        answered the requests it read. Such a stream has nothing of its own to finish,
+        and clients keep one open for as long as they live (AsyncClient sends its sends
+        and deletes on them), so a graceful stop would otherwise wait out its whole grace
+        period for them. Their clients learn from SHUTTING_DOWN that what went unanswered
+        was never read, and send it elsewhere."""
+        for end in list(self._request_streams):
             end()
 
     async def _send(
@@ -373,7 +383,9 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         self, request_iterator: AsyncIterator[queue_pb2.SendStreamRequest], context: Context
     ) -> AsyncIterator[queue_pb2.SendStreamResponse]:
         histogram = metrics.REQUEST_SECONDS.labels("SendStream")
-        answers: asyncio.Queue[queue_pb2.SendStreamResponse | None] = asyncio.Queue()
+        sent = metrics.STREAM_REQUESTS.labels(SEND_STREAM, "OK")
+        # Answers; None when the client's side ended, an error when the stream must end with it.
+        answers: asyncio.Queue[queue_pb2.SendStreamResponse | ShardqError | None] = asyncio.Queue()
         slots = asyncio.Semaphore(SEND_STREAM_IN_FLIGHT)
         pending: set[asyncio.Task[None]] = set()
 
@@ -382,31 +394,52 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             try:
                 response = await self._send(request.batch)
                 answers.put_nowait(queue_pb2.SendStreamResponse(request_id=request.request_id, response=response))
+                sent.inc()
             except ShardqError as error:
-                answers.put_nowait(
-                    queue_pb2.SendStreamResponse(request_id=request.request_id, error=stream_error(error))
-                )
+                refusal = stream_error(error)
+                answers.put_nowait(queue_pb2.SendStreamResponse(request_id=request.request_id, error=refusal))
+                metrics.STREAM_REQUESTS.labels(SEND_STREAM, refusal.code).inc()
             finally:
                 slots.release()
                 histogram.observe(time.perf_counter() - started)
 
+        shutting_down = False
+
         async def read_requests() -> None:
+            ending: ShardqError | None = None
             try:
-                async for request in request_iterator:
-                    await slots.acquire()
-                    task = asyncio.create_task(answer(request))
-                    pending.add(task)
-                    task.add_done_callback(pending.discard)
+                try:
+                    async for request in request_iterator:
+                        await slots.acquire()
+                        task = asyncio.create_task(answer(request))
+                        pending.add(task)
+                        task.add_done_callback(pending.discard)
+                except asyncio.CancelledError:
+                    if not shutting_down:
+                        raise
+                    ending = _STOPPED_READING
                 if pending:
                     await asyncio.wait(set(pending))
             finally:
-                answers.put_nowait(None)
+                answers.put_nowait(ending)
 
         reader = asyncio.create_task(read_requests())
+
+        def stop_reading() -> None:
+            nonlocal shutting_down
+            if not shutting_down:
+                shutting_down = True
+                reader.cancel()
+
+        self._request_streams.add(stop_reading)
         try:
             while (response := await answers.get()) is not None:
+                if isinstance(response, ShardqError):
+                    await abort_with(context, response)
+                    return
                 yield response
         finally:
+            self._request_streams.discard(stop_reading)
             reader.cancel()
             for task in list(pending):
                 task.cancel()
@@ -434,7 +467,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             await abort_with(context, error)
             return
 
-        acknowledgements = metrics.ACKNOWLEDGEMENTS.labels(queue.config.name)
+        acknowledged = metrics.STREAM_REQUESTS.labels(CONSUME_STREAM, "OK")
         # Responses; None when the client's side ended, an error when the stream must end with it.
         outgoing: asyncio.Queue[queue_pb2.ConsumeResponse | ShardqError | None] = asyncio.Queue()
         credits = 0
@@ -442,7 +475,6 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         acks: set[asyncio.Task[None]] = set()
 
         async def acknowledge(ack: queue_pb2.Acknowledge) -> None:
-            acknowledgements.inc()
             try:
                 if ack.release:
                     validate_release_reason("ack.release_reason", ack.release_reason)
@@ -457,6 +489,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                     deleted=entry_results_to_proto(deleted),
                     released=entry_results_to_proto(released),
                 )
+                acknowledged.inc()
             except ShardqError as error:
                 # The whole acknowledgement failed (e.g. leadership lost before it was
                 # replicated: OUTCOME_UNKNOWN). Answer it anyway, per receipt: a client
@@ -464,12 +497,14 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                 failed = queue_pb2.EntryResult(
                     ok=False, error=queue_pb2.EntryError(reason=error.reason.value, message=error.message)
                 )
+                refusal = stream_error(error)
                 result = queue_pb2.AckResult(
                     ack_id=ack.ack_id,
                     deleted=[failed] * len(ack.receipts),
                     released=[failed] * len(ack.release),
-                    failed=stream_error(error),
+                    failed=refusal,
                 )
+                metrics.STREAM_REQUESTS.labels(CONSUME_STREAM, refusal.code).inc()
             outgoing.put_nowait(queue_pb2.ConsumeResponse(ack=result))
 
         granted = False
@@ -493,9 +528,9 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                 except asyncio.CancelledError:
                     if not shutting_down:
                         raise
-                    # Stopped reading (end_acknowledgement_streams): every acknowledgement
-                    # read is answered below; the client learns the rest was never read.
-                    ending = ShardqError(Reason.SHUTTING_DOWN, "the server is shutting down")
+                    # Stopped reading (end_request_streams): every acknowledgement read is
+                    # answered below; the client learns the rest was never read.
+                    ending = _STOPPED_READING
                 if acks:
                     await asyncio.wait(set(acks))
             finally:
@@ -538,7 +573,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                 shutting_down = True
                 reader.cancel()
 
-        self._acknowledgement_streams.add(end_if_only_acknowledging)
+        self._request_streams.add(end_if_only_acknowledging)
         try:
             while (response := await outgoing.get()) is not None:
                 if isinstance(response, ShardqError):
@@ -546,7 +581,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                     return
                 yield response
         finally:
-            self._acknowledgement_streams.discard(end_if_only_acknowledging)
+            self._request_streams.discard(end_if_only_acknowledging)
             pusher.cancel()
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -22,7 +22,7 @@ def delete_requests(metrics_url: str) -> tuple[float, float]:
     """Acknowledgement frames answered, and DeleteMessages calls answered."""
     found = samples(scrape_text(metrics_url))
     return (
-        value(found, "shardq_acknowledgements_total", queue=QUEUE),
+        value(found, "shardq_stream_requests_total", method="QueueService/ConsumeStream", code="OK"),
         sum(values(found, "shardq_requests_total", method=DELETES)),
     )
 

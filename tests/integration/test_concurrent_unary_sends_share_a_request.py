@@ -24,11 +24,18 @@ from tests.support.servers import ServerFactory, ServerProcess
 
 QUEUE = "work"
 SENDS = "QueueService/SendMessages"
+# AsyncClient sends its batches on a producer stream (shardq.send_streams), one stream
+# request per request a SendMessages call would have been.
+SEND_STREAM = "QueueService/SendStream"
 
 
 def send_requests(server: ServerProcess, code: str = "OK") -> float:
+    """Send requests the server answered with `code`: SendMessages calls and stream batches."""
+    found = samples(scrape_text(server.metrics_url))
     # A code no request has ended with yet has no series.
-    return sum(values(samples(scrape_text(server.metrics_url)), "shardq_requests_total", method=SENDS, code=code))
+    return sum(values(found, "shardq_requests_total", method=SENDS, code=code)) + sum(
+        values(found, "shardq_stream_requests_total", method=SEND_STREAM, code=code)
+    )
 
 
 async def drain(client: AsyncClient, expected: int) -> list[bytes]:
@@ -200,7 +207,9 @@ def test_against_a_cluster_concurrent_sends_share_requests_to_each_shards_leader
 
         def requests(server: str) -> float:
             found = samples(scrape_text(cluster.metrics_url(server)))
-            return sum(values(found, "shardq_requests_total", method=SENDS, code="OK"))
+            return sum(values(found, "shardq_requests_total", method=SENDS, code="OK")) + sum(
+                values(found, "shardq_stream_requests_total", method=SEND_STREAM, code="OK")
+            )
 
         async def scenario() -> dict[str, float]:
             async with AsyncClient(cluster.endpoint("s1")) as client:

@@ -72,8 +72,13 @@ def test_a_standalone_server_exports_what_an_on_call_needs(server_factory: Serve
     ages = values(found, "shardq_oldest_message_age_seconds", queue="orders")
     assert all(0 <= age < 60 for age in ages)
     assert max(ages) > 0
-    # Requests by method and status code.
-    assert value(found, "shardq_requests_total", method="QueueService/SendMessages", code="OK") >= 3
+    # Requests by method and status code: the client's sends went on its producer stream,
+    # one stream request each, and the refused one by the code a unary call would have had.
+    assert value(found, "shardq_stream_requests_total", method="QueueService/SendStream", code="OK") >= 3
+    assert (
+        value(found, "shardq_stream_requests_total", method="QueueService/SendStream", code="RESOURCE_EXHAUSTED") == 1
+    )
+    assert value(found, "shardq_requests_total", method="QueueService/SendStream", code="OK") == 1  # it ended
     # The unknown queue: the client's first call (its route lookup) is refused NOT_FOUND.
     assert sum(values(found, "shardq_requests_total", code="NOT_FOUND")) == 1
     # The consumer stream ended (the client went away): counted once, by how it ended.

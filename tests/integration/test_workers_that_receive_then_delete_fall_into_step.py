@@ -23,7 +23,7 @@ def requests(metrics_url: str, method: str) -> float:
     found = samples(scrape_text(metrics_url))
     count = sum(values(found, "shardq_requests_total", method=method, code="OK"))
     if method == "QueueService/DeleteMessages":  # the client's deletes ride an acknowledgement stream
-        count += sum(values(found, "shardq_acknowledgements_total", queue=QUEUE))
+        count += sum(values(found, "shardq_stream_requests_total", method="QueueService/ConsumeStream", code="OK"))
     return count
 
 
