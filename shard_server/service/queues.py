@@ -404,8 +404,12 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                 histogram.observe(time.perf_counter() - started)
 
         shutting_down = False
+        # Until the client's side ends: stopping the reader after that would cut off the
+        # answers it waits for, not the requests.
+        reading = True
 
         async def read_requests() -> None:
+            nonlocal reading
             ending: ShardqError | None = None
             try:
                 try:
@@ -418,6 +422,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                     if not shutting_down:
                         raise
                     ending = _STOPPED_READING
+                reading = False
                 if pending:
                     await asyncio.wait(set(pending))
             finally:
@@ -427,7 +432,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
 
         def stop_reading() -> None:
             nonlocal shutting_down
-            if not shutting_down:
+            if reading and not shutting_down:
                 shutting_down = True
                 reader.cancel()
 
@@ -509,9 +514,11 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
 
         granted = False
         shutting_down = False
+        # Until the client's side ends (see SendStream).
+        reading = True
 
         async def read_requests() -> None:
-            nonlocal credits, granted
+            nonlocal credits, granted, reading
             ending: ShardqError | None = None
             try:
                 try:
@@ -531,6 +538,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                     # Stopped reading (end_request_streams): every acknowledgement read is
                     # answered below; the client learns the rest was never read.
                     ending = _STOPPED_READING
+                reading = False
                 if acks:
                     await asyncio.wait(set(acks))
             finally:
@@ -569,7 +577,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
 
         def end_if_only_acknowledging() -> None:
             nonlocal shutting_down
-            if not granted and not shutting_down:
+            if reading and not granted and not shutting_down:
                 shutting_down = True
                 reader.cancel()
 
