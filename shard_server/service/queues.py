@@ -36,6 +36,7 @@ from shard_server.service.converting import (
     shared_received_to_proto,
 )
 from shard_server.service.errors import abort_with, stream_error
+from shard_server.service.request_reading import RequestReading
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.errors import InvalidArgument, Reason, ShardqError
 from shardq.queues import MAX_RECEIVE_BATCH
@@ -129,9 +130,6 @@ def unary(
 # The streams' names in shardq_stream_requests_total, as RPCs are named in shardq_requests_total.
 SEND_STREAM = "QueueService/SendStream"
 CONSUME_STREAM = "QueueService/ConsumeStream"
-# How a request stream the server stopped reading while shutting down ends: what its
-# client sent and got no answer for was never read (QueueServicer.end_request_streams).
-_STOPPED_READING = ShardqError(Reason.SHUTTING_DOWN, "the server is shutting down; what went unanswered was not read")
 
 
 class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
@@ -403,39 +401,15 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                 slots.release()
                 histogram.observe(time.perf_counter() - started)
 
-        shutting_down = False
-        # Until the client's side ends: stopping the reader after that would cut off the
-        # answers it waits for, not the requests.
-        reading = True
+        async def take(request: queue_pb2.SendStreamRequest) -> None:
+            await slots.acquire()
+            task = asyncio.create_task(answer(request))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
 
-        async def read_requests() -> None:
-            nonlocal reading
-            ending: ShardqError | None = None
-            try:
-                try:
-                    async for request in request_iterator:
-                        await slots.acquire()
-                        task = asyncio.create_task(answer(request))
-                        pending.add(task)
-                        task.add_done_callback(pending.discard)
-                except asyncio.CancelledError:
-                    if not shutting_down:
-                        raise
-                    ending = _STOPPED_READING
-                reading = False
-                if pending:
-                    await asyncio.wait(set(pending))
-            finally:
-                answers.put_nowait(ending)
-
-        reader = asyncio.create_task(read_requests())
-
-        def stop_reading() -> None:
-            nonlocal shutting_down
-            if reading and not shutting_down:
-                shutting_down = True
-                reader.cancel()
-
+        reading = RequestReading(request_iterator, take, pending, answers.put_nowait)
+        reader = reading.task
+        stop_reading = reading.stop
         self._request_streams.add(stop_reading)
         try:
             while (response := await answers.get()) is not None:
@@ -513,36 +487,18 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             outgoing.put_nowait(queue_pb2.ConsumeResponse(ack=result))
 
         granted = False
-        shutting_down = False
-        # Until the client's side ends (see SendStream).
-        reading = True
 
-        async def read_requests() -> None:
-            nonlocal credits, granted, reading
-            ending: ShardqError | None = None
-            try:
-                try:
-                    async for request in request_iterator:
-                        kind = request.WhichOneof("kind")
-                        if kind == "credits":
-                            credits += request.credits
-                            granted = granted or request.credits > 0
-                            credit_granted.set()
-                        elif kind == "ack":
-                            task = asyncio.create_task(acknowledge(request.ack))
-                            acks.add(task)
-                            task.add_done_callback(acks.discard)
-                except asyncio.CancelledError:
-                    if not shutting_down:
-                        raise
-                    # Stopped reading (end_request_streams): every acknowledgement read is
-                    # answered below; the client learns the rest was never read.
-                    ending = _STOPPED_READING
-                reading = False
-                if acks:
-                    await asyncio.wait(set(acks))
-            finally:
-                outgoing.put_nowait(ending)
+        async def take(request: queue_pb2.ConsumeRequest) -> None:
+            nonlocal credits, granted
+            kind = request.WhichOneof("kind")
+            if kind == "credits":
+                credits += request.credits
+                granted = granted or request.credits > 0
+                credit_granted.set()
+            elif kind == "ack":
+                task = asyncio.create_task(acknowledge(request.ack))
+                acks.add(task)
+                task.add_done_callback(acks.discard)
 
         async def push_messages() -> None:
             nonlocal credits
@@ -572,14 +528,14 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                 for frame in received_frames(received, max_batch, _consume_frame):
                     outgoing.put_nowait(frame)
 
-        reader = asyncio.create_task(read_requests())
+        reading = RequestReading(request_iterator, take, acks, outgoing.put_nowait)
+        reader = reading.task
         pusher = asyncio.create_task(push_messages())
 
         def end_if_only_acknowledging() -> None:
-            nonlocal shutting_down
-            if reading and not granted and not shutting_down:
-                shutting_down = True
-                reader.cancel()
+            # A consumer's stream has messages of its own to finish: left to the grace period.
+            if not granted:
+                reading.stop()
 
         self._request_streams.add(end_if_only_acknowledging)
         try:

@@ -1,0 +1,62 @@
+"""Reading a stream's requests until its client ends them, or until the server, stopping,
+stops reading (QueueServicer.end_request_streams): the producer stream and the consume
+stream's acknowledgements both end this way, after answering every request they read."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Generic, TypeVar
+
+from shardq.errors import Reason, ShardqError
+
+# How a stream the server stopped reading ends: what its client sent and got no answer
+# for was never read, so the client may send it elsewhere.
+STOPPED_READING = ShardqError(Reason.SHUTTING_DOWN, "the server is shutting down; what went unanswered was not read")
+
+Request = TypeVar("Request")
+
+
+class RequestReading(Generic[Request]):
+    """Hands each request of `requests` to `take`, which starts its work as a task in
+    `in_progress`; once the client ends its side, or `stop()` stops the reading, waits for
+    that work and calls `ended` with None, or with STOPPED_READING when stopped."""
+
+    def __init__(
+        self,
+        requests: AsyncIterator[Request],
+        take: Callable[[Request], Awaitable[None]],
+        in_progress: set[asyncio.Task[None]],
+        ended: Callable[[ShardqError | None], None],
+    ) -> None:
+        self._requests = requests
+        self._take = take
+        self._in_progress = in_progress
+        self._ended = ended
+        # Until the client's side ends: stopping after that would cut off the answers it
+        # waits for, not its requests.
+        self._reading = True
+        self._stopping = False
+        self.task = asyncio.create_task(self._read())
+
+    def stop(self) -> None:
+        """Read no more requests; the work of those read still gets answered."""
+        if self._reading and not self._stopping:
+            self._stopping = True
+            self.task.cancel()
+
+    async def _read(self) -> None:
+        ending: ShardqError | None = None
+        try:
+            try:
+                async for request in self._requests:
+                    await self._take(request)
+            except asyncio.CancelledError:
+                if not self._stopping:
+                    raise
+                ending = STOPPED_READING
+            self._reading = False
+            if self._in_progress:
+                await asyncio.wait(set(self._in_progress))
+        finally:
+            self._ended(ending)
