@@ -136,6 +136,10 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
     def __init__(self, host: QueueHost, admin: QueueAdmin) -> None:
         self.host = host
         self.admin = admin
+        # Exported at 0 from the start: a counter series that first appears already counting
+        # shows rate() no increase, and a server's stream requests come in its first seconds.
+        for stream in (SEND_STREAM, CONSUME_STREAM):
+            metrics.STREAM_REQUESTS.labels(stream, "OK")
         # Per open producer stream, and consume stream never granted credits: stops reading
         # it, so that it ends once it has answered what it read (end_request_streams).
         self._request_streams: set[Callable[[], None]] = set()
