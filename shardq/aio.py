@@ -250,9 +250,11 @@ class AsyncClient:
     """asyncio client for a shardq server or cluster. Use `async with AsyncClient(...)`.
 
     `endpoint` is any server. With `route_directly` (the default) the client
-    learns each queue's shard map (DescribeQueue) and sends unary calls straight
+    learns each queue's shard map (DescribeQueue) and sends its calls straight
     to shard leaders, refreshing the map on NOT_LEADER or an unreachable
-    leader; otherwise, and for the streams, the endpoint forwards as needed.
+    leader; otherwise, and for `send()` and `consume()`, the endpoint forwards
+    as needed. Sends and deletes travel on streams kept open per leader
+    (shardq.send_streams, shardq.ack_streams), answered as unary calls would be.
     """
 
     def __init__(
