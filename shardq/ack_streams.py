@@ -34,23 +34,18 @@ from typing import Protocol
 
 from shardq.api.v1 import queue_pb2
 from shardq.errors import NotLeader, OutcomeUnknown, Reason, ShardqError, Unavailable
-from shardq.status import error_from_stream
-from shardq.stream_pool import StreamPool
+from shardq.status import entry_results_from_proto, error_from_stream
+from shardq.stream_pool import Stream, StreamPool
 from shardq.types import EntryResult
 
 # As long as a unary delete's deadline (AsyncClient._routed).
 ANSWER_TIMEOUT_S = 30.0
 
 
-class AcknowledgementStream(Protocol):
+class AcknowledgementStream(Stream, Protocol):
     """What this module needs of a consumer stream (aio.ConsumerStream)."""
 
-    @property
-    def ended(self) -> bool: ...
-
     async def acknowledge_deletes(self, receipts: Sequence[str]) -> queue_pb2.AckResult: ...
-
-    async def close(self) -> object: ...
 
 
 # Opens a queue's acknowledgement stream to a leader ("" for the endpoint): (queue, address).
@@ -90,7 +85,7 @@ class AcknowledgementStreams:
             if isinstance(failure, Unavailable):  # as a unary call's UNAVAILABLE answer, for a delete
                 raise OutcomeUnknown(f"a delete may or may not have been applied ({failure.message})")
             raise failure
-        return [EntryResult(entry.ok, entry.error.reason, entry.error.message) for entry in answer.deleted]
+        return entry_results_from_proto(answer.deleted)
 
     async def close(self) -> None:
         await self._pool.close()

@@ -15,7 +15,7 @@ import collections
 import dataclasses
 import functools
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -30,7 +30,7 @@ from shardq.receipts import MalformedReceipt, decode_receipt
 from shardq.receive_shares import split_shares
 from shardq.routing import choose_shard
 from shardq.send_streams import SendStreams
-from shardq.status import error_from_rpc, error_from_stream
+from shardq.status import entry_results_from_proto, error_from_rpc, error_from_stream
 from shardq.types import (
     EntryResult,
     Message,
@@ -167,10 +167,6 @@ def _send_request(queue: str, shard: int | None, messages: Sequence[Message]) ->
     if shard is not None:
         request.shard = shard
     return request
-
-
-def entry_results_from_proto(results: Iterable[queue_pb2.EntryResult]) -> list[EntryResult]:
-    return [EntryResult(r.ok, r.error.reason, r.error.message) for r in results]
 
 
 class ProducerStream:

@@ -30,21 +30,16 @@ from typing import Protocol
 
 from shardq.api.v1 import queue_pb2
 from shardq.errors import NotLeader, OutcomeUnknown, Reason, ShardqError, Unavailable
-from shardq.stream_pool import StreamPool
+from shardq.stream_pool import Stream, StreamPool
 
 # As long as a unary send's deadline (AsyncClient._routed).
 ANSWER_TIMEOUT_S = 30.0
 
 
-class SendStream(Protocol):
+class SendStream(Stream, Protocol):
     """What this module needs of a producer stream (aio.ProducerStream)."""
 
-    @property
-    def ended(self) -> bool: ...
-
     async def send_batch(self, request: queue_pb2.SendMessagesRequest) -> queue_pb2.SendMessagesResponse: ...
-
-    async def close(self) -> object: ...
 
 
 # Opens a producer stream to a leader (None: the endpoint).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import grpc
 from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]
 
@@ -20,6 +22,7 @@ from shardq.errors import (
     ShardqError,
     Unavailable,
 )
+from shardq.types import EntryResult
 
 
 def _error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
@@ -94,3 +97,8 @@ def error_from_stream(error: queue_pb2.StreamError, *, queue: str = "") -> Shard
         retry_after_ms=error.retry_after_ms,
         queue=queue,
     )
+
+
+def entry_results_from_proto(results: Iterable[queue_pb2.EntryResult]) -> list[EntryResult]:
+    """Per-item outcomes (deletes, releases, visibility changes) as the client returns them."""
+    return [EntryResult(r.ok, r.error.reason, r.error.message) for r in results]
