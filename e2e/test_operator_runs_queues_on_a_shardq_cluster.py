@@ -66,6 +66,36 @@ def queue_ready(api: client.ApiClient, namespace: str, name: str) -> dict[str, A
     return queue if settled else None
 
 
+def cluster_state(api: client.ApiClient, namespace: str, logs: list[Path]) -> str:
+    """What a timed-out wait shows: every queue's conditions, every shard's leader, epoch
+    and in-sync replicas, the server pods, and the operators' logs."""
+    lines = []
+    for queue in client.CustomObjectsApi(api).list_namespaced_custom_object(GROUP, VERSION, namespace, "queues")[
+        "items"
+    ]:
+        conditions = [
+            f"{c['type']}={c['status']} ({c.get('reason', '')}: {c.get('message', '')})"
+            for c in queue.get("status", {}).get("conditions", [])
+        ]
+        lines.append(f"queue {queue['metadata']['name']}: {'; '.join(conditions) or 'no status'}")
+    for shard in client.CustomObjectsApi(api).list_namespaced_custom_object(GROUP, VERSION, namespace, "shards")[
+        "items"
+    ]:
+        status = shard.get("status", {})
+        lines.append(
+            f"shard {shard['metadata']['name']}: leader {status.get('leader', '')!r} epoch {status.get('epoch', 0)} "
+            f"isr {status.get('isr', [])} replicas {shard['spec'].get('replicas', [])}"
+        )
+    for pod in client.CoreV1Api(api).list_namespaced_pod(namespace).items:
+        ready = [c.status for c in pod.status.conditions or [] if c.type == "Ready"]
+        restarts = [s.restart_count for s in pod.status.container_statuses or []]
+        lines.append(f"pod {pod.metadata.name}: {pod.status.phase} ready {ready} restarts {restarts}")
+    for log in logs:
+        text = log.read_text(errors="replace") if log.exists() else "(no log)"
+        lines.append(f"--- {log.name} (last 40 lines)\n" + "\n".join(text.splitlines()[-40:]))
+    return "\n".join(lines)
+
+
 def shard_leaders(api: client.ApiClient, namespace: str, queue: str) -> dict[int, tuple[str, int]]:
     shards = client.CustomObjectsApi(api).list_namespaced_custom_object(
         GROUP, VERSION, namespace, "shards", label_selector=f"shardq.io/queue={queue}"
@@ -320,10 +350,13 @@ def test_a_standby_operator_takes_over_when_the_active_one_is_killed(
         assert active in operators
         standby = next(identity for identity in operators if identity != active)
 
-        # The active operator dies; then a leader pod does. The standby must fail the shard over.
+        # The active operator dies; then a leader pod does, its server killed first: a pod
+        # deleted alone gets SIGTERM, and its server hands its shards off by itself, which
+        # would leave the standby nothing to do.
         operators[active].kill()
         operators[active].wait(timeout=10)
         victim, epoch = shard_leaders(api, namespace, "orders")[0]
+        os.kill(server_pid(namespace, victim), signal.SIGKILL)
         client.CoreV1Api(api).delete_namespaced_pod(victim, namespace, grace_period_seconds=0)
         killed_at = time.monotonic()
 
@@ -336,7 +369,12 @@ def test_a_standby_operator_takes_over_when_the_active_one_is_killed(
         assert leases.read_namespaced_lease("shardq-operator", namespace).spec.holder_identity == standby
         # And it handles new resources.
         apply(api, namespace, "queues", "Queue", "audit", {"cluster": "main", "shards": 1, "replicas": 2})
-        wait_for(lambda: queue_ready(api, namespace, "audit"), timeout=60, what="queue audit Ready under the standby")
+        wait_for(
+            lambda: queue_ready(api, namespace, "audit"),
+            timeout=60,
+            what="queue audit Ready under the standby",
+            explain=lambda: cluster_state(api, namespace, [tmp_path / f"{identity}.log" for identity in operators]),
+        )
         endpoint = f"{client.CoreV1Api(api).read_namespaced_service('main-shardq', namespace).spec.cluster_ip}:7600"
         send_all(endpoint, "audit", [b"after the takeover"])
         assert drain(endpoint, "audit", 1) == {b"after the takeover"}
