@@ -148,10 +148,10 @@ def one_value(prometheus: Prometheus, expr: str) -> float | None:
     return float(result[0]["value"][1]) if result else None
 
 
-def shards_at_zero(prometheus: Prometheus, namespace: str, metric: str, matchers: str = "") -> float | None:
-    """How many shards (any replica) export `metric` at 0."""
+def replicas_at_zero(prometheus: Prometheus, namespace: str, metric: str, matchers: str = "") -> float | None:
+    """How many shard replicas (one series per pod and shard) export `metric` at 0."""
     selector = f'{metric}{{namespace="{namespace}"{matchers}}}'
-    return one_value(prometheus, f"count(count by (queue, shard) ({selector} == 0))")
+    return one_value(prometheus, f"count({selector} == 0)")
 
 
 def leaders_of(prometheus: Prometheus, namespace: str, queue: str) -> set[str]:
@@ -304,15 +304,25 @@ def test_prometheus_scrapes_every_pod_has_every_panel_and_alerts_on_a_leaderless
             progress(started, "helm install --wait")
             wait_for(lambda: queues_settled(api, namespace), timeout=READY_S, what="the Queues Ready and in sync")
             progress(started, "queues Ready")
-            # Prometheus sees every shard's counters at 0 before the traffic, as it would
+            # Prometheus sees every replica's counters at 0 before the traffic, as it would
             # a queue made before its producers start (a series first scraped at its
-            # value after a burst shows no rate for that burst).
-            shards = sum(q["spec"]["shards"] for q in QUEUES)
-            counters = (("shardq_messages_sent_total", ""), ("shardq_messages_refused_total", ', reason="QUEUE_FULL"'))
+            # value after a burst shows no rate for that burst). Every replica's, not one
+            # per shard: the leader counts, and a pod's first scrape can come a whole
+            # interval after another's (a CI run once saw the burst counters flat so).
+            replicas = sum(q["spec"]["shards"] * q["spec"]["replicas"] for q in QUEUES)
+            counters = [
+                ("shardq_messages_sent_total", ""),
+                ("shardq_messages_refused_total", ', reason="QUEUE_FULL"'),
+                *((f"shardq_messages_{name}_total", "") for name in BURST_COUNTERS),
+            ]
             wait_for(
-                lambda: all(shards_at_zero(prom, namespace, *counter) == shards for counter in counters),
+                lambda: all(replicas_at_zero(prom, namespace, *counter) == replicas for counter in counters),
                 timeout=SCRAPED_S,
-                what="every shard's sent and refused counters scraped at 0",
+                what="every replica's sent, refused, redelivered and dead-lettered counters scraped at 0",
+                explain=lambda: "\n".join(
+                    f"{metric}{matchers}: {replicas_at_zero(prom, namespace, metric, matchers)} of {replicas} at 0"
+                    for metric, matchers in counters
+                ),
             )
 
             servers = running_pods(api, namespace, SERVERS_LABELS)
