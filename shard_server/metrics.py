@@ -63,7 +63,7 @@ COMMITS = Counter("shardq_commits", "Write transactions committed (one fsync eac
 COMMITS_AHEAD = Counter(
     "shardq_commits_written_ahead",
     "Of those, the ones answered once their log entry was written ahead, before LMDB's commit "
-    "(standalone servers; the others were answered after it).",
+    "(standalone servers; a receive's batch, answered once its claims are decided, never is).",
     _LABELS,
     registry=REGISTRY,
 )

@@ -425,7 +425,17 @@ class GroupCommitter:
             batch, self._pending = self._pending, []
             self._collecting = False
         try:
-            begun = self._begin(loop, batch, write_ahead_if=self._nothing_waits)
+            # A batch whose every request answers before the commit (receives: their claims
+            # are answered once decided) has no answer for the write ahead to hasten, while
+            # the requests queued behind it (a worker's first delete after its receive) wait
+            # for the writer: a 40-message claim batch held it 1.43 ms not written ahead
+            # against 1.77 ms written ahead (README, Latency). Not written ahead, LMDB's
+            # commit syncs its meta page itself (ShardEnvironment.sync_if_committed), so the
+            # batch is as durable when the commit returns, and the records of the batches
+            # after it still chain on recovery.
+            answered_early = all(request.answer_before_commit is not None for request in batch)
+            write_ahead_if = _never if answered_early else self._nothing_waits
+            begun = self._begin(loop, batch, write_ahead_if=write_ahead_if)
             try:
                 if begun.opened.written_ahead:
                     self._answered_ahead += 1  # before any caller can learn of the answers
@@ -490,6 +500,10 @@ class GroupCommitter:
                 if newest_seq is not None and (not outcome[0] or newest_seq(outcome[1]) <= durable_seq):
                     early.append((request.future, *outcome))
             if early:
+                # Answered before the commit: reads wait for it (until_committed), as they
+                # do for a batch answered from the commit-ahead file, so that a count made
+                # once a receive is answered sees its claims.
+                self._answered_ahead += 1
                 loop.call_soon_threadsafe(_resolve_all, early)
             if self._replicated is not None:  # what _replicated_seq advances to once replicated
                 last_seq = tx.last_seq()
@@ -609,6 +623,10 @@ def _after_loop_turns(loop: asyncio.AbstractEventLoop, turns: int, callback: Cal
         callback()
     else:
         loop.call_soon(_after_loop_turns, loop, turns - 1, callback)
+
+
+def _never(_entry_bytes: int) -> bool:
+    return False
 
 
 def _resolve_all(outcomes: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:

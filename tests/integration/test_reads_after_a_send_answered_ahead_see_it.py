@@ -2,7 +2,10 @@
 before LMDB commits it. Whatever a caller does once answered sees the send, as it would
 had LMDB committed it: a short-poll receive claims it, the queue's counts and a peek
 show it, an export's snapshot holds it, and so does the journal, read up to the end its
-bounds give; deleting the queue counts it among the messages deleted.
+bounds give; deleting the queue counts it among the messages deleted. A receive is
+answered once its claims are decided, before its batch commits (not written ahead: it
+has no answer to hasten), and the queue's counts made once it is answered count its
+messages in flight.
 
 Each read starts while LMDB's commit of the send is held by a fault injector
 (tests/support/held_commits.py), in a real server run in this process, on the writer
@@ -16,9 +19,10 @@ commits a few loop turns after the answer, too soon for any client to read betwe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import pathlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 import grpc
@@ -60,6 +64,25 @@ def environments(monkeypatch: pytest.MonkeyPatch) -> list[HeldCommitEnvironment]
     monkeypatch.setattr(HostedQueue, "open_environment", open_held)
     monkeypatch.setattr(hosting, "WriterThreads", functools.partial(WriterThreads, commit_on_loop_when_idle=False))
     return opened
+
+
+@contextlib.asynccontextmanager
+async def serving(settings: ServerSettings) -> AsyncIterator[AsyncClient]:
+    """A real server run in this process, and a client once it answers."""
+    stop = asyncio.Event()
+    server = asyncio.create_task(serve(settings, stop=stop))
+    try:
+        async with AsyncClient(f"{settings.host}:{settings.port}") as client:
+            for _ in range(100):
+                try:
+                    await client.list_queues()
+                    break
+                except Exception:
+                    await asyncio.sleep(0.05)
+            yield client
+    finally:
+        stop.set()
+        await asyncio.wait_for(server, 30)
 
 
 async def sent_then_read(
@@ -111,52 +134,63 @@ def test_reads_made_once_a_send_is_answered_see_it_before_lmdb_committed_it(
     settings = ServerSettings(data_dir=tmp_path, queues=[QueueConfig(name=QUEUE, shards=1)], host=LOOPBACK, port=port)
 
     async def scenario() -> None:
-        stop = asyncio.Event()
-        server = asyncio.create_task(serve(settings, stop=stop))
-        try:
-            async with AsyncClient(endpoint) as client:
-                for _ in range(100):
-                    try:
-                        await client.list_queues()
-                        break
-                    except Exception:
-                        await asyncio.sleep(0.05)
-                (environment,) = environments
+        async with serving(settings) as client:
+            (environment,) = environments
 
-                received = await sent_then_read(
-                    client, environment, b"received", lambda: client.receive_messages(QUEUE)
-                )
-                assert [message.body for message in received] == [b"received"]
+            received = await sent_then_read(client, environment, b"received", lambda: client.receive_messages(QUEUE))
+            assert [message.body for message in received] == [b"received"]
 
-                counts = await sent_then_read(client, environment, b"counted", lambda: client.attributes(QUEUE))
-                assert (counts.visible, counts.in_flight) == (1, 1)
+            counts = await sent_then_read(client, environment, b"counted", lambda: client.attributes(QUEUE))
+            assert (counts.visible, counts.in_flight) == (1, 1)
 
-                peeked = await sent_then_read(client, environment, b"peeked", lambda: client.peek_messages(QUEUE))
-                assert [message.body for message in peeked] == [b"counted", b"peeked"]
+            peeked = await sent_then_read(client, environment, b"peeked", lambda: client.peek_messages(QUEUE))
+            assert [message.body for message in peeked] == [b"counted", b"peeked"]
 
-                exported = await sent_then_read(client, environment, b"exported", lambda: exported_bodies(endpoint))
-                assert sorted(exported) == sorted([b"received", b"counted", b"peeked", b"exported"])
+            exported = await sent_then_read(client, environment, b"exported", lambda: exported_bodies(endpoint))
+            assert sorted(exported) == sorted([b"received", b"counted", b"peeked", b"exported"])
 
-                journaled = await sent_then_read(
-                    client, environment, b"journaled", lambda: journaled_sends(endpoint, up_to_the_bounds=True)
-                )
-                assert journaled == 5
-                journaled = await sent_then_read(
-                    client,
-                    environment,
-                    b"journaled to the end",
-                    lambda: journaled_sends(endpoint, up_to_the_bounds=False),
-                )
-                assert journaled == 6
+            journaled = await sent_then_read(
+                client, environment, b"journaled", lambda: journaled_sends(endpoint, up_to_the_bounds=True)
+            )
+            assert journaled == 5
+            journaled = await sent_then_read(
+                client,
+                environment,
+                b"journaled to the end",
+                lambda: journaled_sends(endpoint, up_to_the_bounds=False),
+            )
+            assert journaled == 6
 
-                await client.create_queue("created", {"shards": "1"})
-                created = environments[-1]
-                deleted = await sent_then_read(
-                    client, created, b"deleted", lambda: client.delete_queue("created"), queue="created"
-                )
-                assert deleted == 1
-        finally:
-            stop.set()
-            await asyncio.wait_for(server, 30)
+            await client.create_queue("created", {"shards": "1"})
+            created = environments[-1]
+            deleted = await sent_then_read(
+                client, created, b"deleted", lambda: client.delete_queue("created"), queue="created"
+            )
+            assert deleted == 1
+
+    asyncio.run(scenario())
+
+
+def test_counts_made_once_a_receive_is_answered_see_its_claims_before_lmdb_committed_them(
+    tmp_path: pathlib.Path, environments: list[HeldCommitEnvironment]
+) -> None:
+    queues = [QueueConfig(name=QUEUE, shards=1)]
+    settings = ServerSettings(data_dir=tmp_path, queues=queues, host=LOOPBACK, port=free_port())
+
+    async def scenario() -> None:
+        async with serving(settings) as client:
+            (environment,) = environments
+            await client.send_messages(QUEUE, [Message(b"claimed"), Message(b"left")])
+            hold = environment.hold_next_commit(written_ahead=False)
+            received = await client.receive_messages(QUEUE, max_messages=1)
+            assert [message.body for message in received] == [b"claimed"]
+            assert await asyncio.to_thread(hold.reached.wait, 5), "the receive's commit was not held"
+            try:
+                counting = asyncio.ensure_future(client.attributes(QUEUE))
+                await asyncio.sleep(READ_STARTED_S)
+            finally:
+                hold.release()
+            counts = await asyncio.wait_for(counting, 10)
+            assert (counts.visible, counts.in_flight) == (1, 1)
 
     asyncio.run(scenario())

@@ -1,4 +1,5 @@
-"""A shard environment whose LMDB commit of a batch written ahead can be held, or made to fail.
+"""A shard environment whose LMDB commit of a batch answered before it (written ahead, or a
+receive's) can be held, or one written ahead made to fail.
 
 A fault injector: a real commit cannot be timed to stop at the instant after its batch
 was answered from the commit-ahead file, nor made to fail on demand. Everything else,
@@ -22,9 +23,10 @@ T = TypeVar("T")
 @dataclass
 class HeldCommit:
     """One held commit: `reached` once the writer waits at it, which `release` ends; of a
-    batch sending `sending`, when given."""
+    batch sending `sending`, when given, written ahead or not as `written_ahead` says."""
 
     sending: bytes | None = None
+    written_ahead: bool = True
     reached: threading.Event = field(default_factory=threading.Event)
     released: threading.Event = field(default_factory=threading.Event)
 
@@ -33,8 +35,8 @@ class HeldCommit:
 
 
 class HeldCommitEnvironment(ShardEnvironment):
-    """A real shard environment whose next LMDB commit of a batch written ahead can be
-    held until released, or made to fail."""
+    """A real shard environment whose next LMDB commit of a batch written ahead (or of
+    one not written ahead) can be held until released, or made to fail."""
 
     fail_next_commit = False
 
@@ -42,12 +44,14 @@ class HeldCommitEnvironment(ShardEnvironment):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._next_hold: HeldCommit | None = None
 
-    def hold_next_commit(self, *, sending: bytes | None = None) -> HeldCommit:
+    def hold_next_commit(self, *, sending: bytes | None = None, written_ahead: bool = True) -> HeldCommit:
         """Hold the LMDB commit of the next batch written ahead (its answer goes out
         first), or of the next one sending `sending`: a server may still be committing
         a batch begun before the caller's send (a receive answers before its claim
-        commits), and holding that one would hold the send behind it."""
-        self._next_hold = HeldCommit(sending=sending)
+        commits), and holding that one would hold the send behind it. With
+        `written_ahead` False, of the next batch not written ahead instead (a receive's:
+        it is answered once its claims are decided, before its commit)."""
+        self._next_hold = HeldCommit(sending=sending, written_ahead=written_ahead)
         return self._next_hold
 
     def _bodies_written_ahead(self, index: int) -> list[bytes]:
@@ -70,7 +74,7 @@ class HeldCommitEnvironment(ShardEnvironment):
         hold = self._next_hold
         if (
             hold is not None
-            and batch.written_ahead
+            and batch.written_ahead == hold.written_ahead
             and (hold.sending is None or hold.sending in self._bodies_written_ahead(batch.index))
         ):
             self._next_hold = None
