@@ -1,7 +1,8 @@
 """A receive is answered once its claims are decided, before its batch commits, so its
 batch has no answer for the commit-ahead file to hasten: a standalone server commits it
 to LMDB without writing it ahead (its commit syncs LMDB's meta page itself), and the
-requests queued behind it wait for two synchronous writes, not three. Sends and deletes
+requests queued behind it wait for LMDB's commit alone (its meta page's sync in place
+of the record's write; measured, the writer is held less). Sends and deletes
 are still answered from the commit-ahead file, and a restart on a data file that lacks
 the two batches after a receive applies them from that file: the records around a batch
 not written ahead still chain.
