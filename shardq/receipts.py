@@ -22,6 +22,7 @@ _ENCODED_LENGTH = len(base64.urlsafe_b64encode(b"\0" * (_LAYOUT.size + _CHECK.si
 
 
 _FROM_URLSAFE = bytes.maketrans(b"-_", b"+/")
+_TO_URLSAFE = bytes.maketrans(b"+/", b"-_")
 
 
 class MalformedReceipt(ValueError):
@@ -45,7 +46,9 @@ def encode_receipt(receipt: Receipt) -> str:
     payload = _LAYOUT.pack(
         _VERSION, receipt.queue_fingerprint, receipt.shard, receipt.seq, receipt.epoch, receipt.claim_token
     )
-    return base64.urlsafe_b64encode(payload + _CHECK.pack(zlib.crc32(payload))).decode()
+    # What base64.urlsafe_b64encode does, without its wrappers (hot path: once per claimed message).
+    encoded = binascii.b2a_base64(payload + _CHECK.pack(zlib.crc32(payload)), newline=False)
+    return encoded.translate(_TO_URLSAFE).decode()
 
 
 def decode_receipt(text: str) -> Receipt:

@@ -110,6 +110,14 @@ def test_receipt_round_trips(fingerprint: int, shard: int, seq: int, epoch: int,
     assert decode_receipt(encode_receipt(receipt)) == receipt
 
 
+def test_receipts_keep_their_encoding() -> None:
+    """Receipts handed out before an upgrade must stay valid after it: the text of a
+    receipt, url-safe base64 with '-' and '_', is fixed."""
+    assert encode_receipt(Receipt(1, 2, 3, 4, 5)) == "AQAAAAEAAgAAAAAAAAADAAAAAAAAAAQAAAAAAAAABecYh3o="
+    largest = Receipt(2**32 - 1, 2**16 - 1, 2**64 - 1, 2**64 - 2, 2**64 - 3)
+    assert encode_receipt(largest) == "Af____________________________7__________TxrkjY="
+
+
 def test_damaged_receipts_are_malformed() -> None:
     good = encode_receipt(Receipt(1, 2, 3, 4, 5))
     flipped = good[:10] + ("A" if good[10] != "A" else "B") + good[11:]
