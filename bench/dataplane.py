@@ -9,7 +9,7 @@ producer tasks, process B the consumer tasks. Phases, in order:
   drain.unary          receive_messages(max 10) + delete_messages until both sends are drained
   send.batch10.stream  AsyncClient.send_messages_streamed, 10 messages per call
   send.batch10.unary   AsyncClient.send_messages, 10 messages per unary call
-  drain.stream         consume() stream, deletes over the stream, until both sends are drained
+  drain.stream         consume() stream, deletes with its delete(), until both sends are drained
 
 Each send phase sends --messages messages; each drain phase removes exactly what the
 two send phases before it stored (a known count), then checks the queue is empty.

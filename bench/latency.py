@@ -12,18 +12,19 @@ is recorded. Phases, in order, for each C:
   receive.unary    receive_messages(max 10, no wait), keeping the receipts
   visibility.unary change_visibility of one receipt (to 60 s)
   delete.unary     delete_messages of one receipt
-  delete.stream    delete of one receipt over a consumer stream (one stream per caller,
-                   granted no credits, so it only carries the deletes)
+  delete.stream    a consumer stream's delete() of one receipt (one stream per caller,
+                   granted no credits); since the eighteenth change the client's own
+                   delete_messages, which the streams of one client share (README)
   worker           C consumers: receive up to 10, then delete each message, awaiting each
                    answer, from a queue filled for it beforehand (untimed); a call is one
                    receive and its deletes, and messages_per_s is what the loop delivers
   worker.stream    C consumers, each on its own consumer stream with 10 credits: take a
-                   message, delete it over the stream awaiting the answer; a call is one
-                   message, from asking for it to its delete being answered
+                   message, delete it with the stream's delete() awaiting the answer; a call
+                   is one message, from asking for it to its delete being answered
   worker.shared    C consumers sharing one consumer stream with 10 credits each (10 x C),
                    as run_consumer's handlers do: each takes the stream's next message and
-                   deletes it over the stream awaiting the answer; concurrent deletes share
-                   frames; a call is one message, as in worker.stream
+                   deletes it with the stream's delete() awaiting the answer; concurrent
+                   deletes share requests; a call is one message, as in worker.stream
   worker.consumer  run_consumer with concurrency C (its default prefetch) and a handler that
                    returns at once: its C workers take, handle and delete; a call is one
                    message, its latency a worker's cycle, from one handler start to its next
@@ -314,7 +315,7 @@ async def measure_receipt_phases(
         results.append(await run_phase("delete.unary", concurrency, min(total, len(to_delete)), server, delete))
     if "delete.stream" in phases:
         async with contextlib.AsyncExitStack() as streams:
-            # No credits: the streams carry deletes only, nothing is pushed to them.
+            # No credits: nothing is pushed to them (their deletes go as the client's).
             opened = [await streams.enter_async_context(client.consume(queue, credits=0)) for _ in range(concurrency)]
 
             async def delete_streamed(number: int) -> int:
@@ -334,7 +335,7 @@ async def stream_workers(
     client: AsyncClient, queue: str, concurrency: int, messages: int, server: dataplane.Server, *, shared: bool = False
 ) -> dict[str, Any]:
     """worker.stream: `concurrency` consumers on their own consumer streams, each taking a
-    message and deleting it over its stream, until `messages` are deleted (or time).
+    message and deleting it with its stream's delete(), until `messages` are deleted (or time).
     worker.shared (`shared`): the consumers share one stream, as run_consumer's handlers do."""
     latencies: list[float] = []
     remaining = [messages]

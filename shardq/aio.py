@@ -705,7 +705,14 @@ class AsyncClient:
     async def _open_ack_stream(self, key: tuple[str, str]) -> ConsumerStream:
         queue, address = key
         # No credits: the server pushes nothing on it; max_batch is then never used.
-        stream = ConsumerStream(self._leader_stub(address), queue, credits=0, visibility_timeout_ms=None, max_batch=1)
+        stream = ConsumerStream(
+            self._leader_stub(address),
+            queue,
+            credits=0,
+            visibility_timeout_ms=None,
+            max_batch=1,
+            delete=functools.partial(self.delete_messages, queue),
+        )
         return await stream.__aenter__()
 
     def _deleter(self, queue: str, address: str) -> Coalescer[str, EntryResult]:
@@ -805,7 +812,12 @@ class AsyncClient:
         wait out their visibility timeout.
         """
         return ConsumerStream(
-            self._stub, queue, credits=credits, visibility_timeout_ms=visibility_timeout_ms, max_batch=max_batch
+            self._stub,
+            queue,
+            credits=credits,
+            visibility_timeout_ms=visibility_timeout_ms,
+            max_batch=max_batch,
+            delete=functools.partial(self.delete_messages, queue),
         )
 
     # -- administration ---------------------------------------------------------------
@@ -898,8 +910,12 @@ class ConsumerStream:
     """Server push with credits: the server sends at most as many messages as granted.
 
     Each message taken from `messages()` returns one credit, so the number
-    buffered client-side stays bounded; `delete()` and `release()` ride the same
-    stream and resolve when the server answers.
+    buffered client-side stays bounded; `release()` rides the same stream and
+    resolves when the server answers. `delete()` is the client's `delete_messages`:
+    the deletes of every stream and caller of one client share requests, where each
+    stream's own went alone (four workers on streams of their own deleted one message
+    at a time in 1.43 ms p50, in two commits a round, against 0.67 ms for one worker:
+    README, Latency), and a receipt stays good for a delete after its stream ended.
     """
 
     def __init__(
@@ -910,8 +926,10 @@ class ConsumerStream:
         credits: int,
         visibility_timeout_ms: int | None,
         max_batch: int,
+        delete: Callable[[Sequence[str]], Awaitable[list[EntryResult]]],
     ) -> None:
         self.queue = queue
+        self._delete = delete
         self._stub = stub
         self._credits = credits
         self._visibility_timeout_ms = visibility_timeout_ms
@@ -930,9 +948,6 @@ class ConsumerStream:
         self._reader: asyncio.Task[None] | None = None
         self._call: Any = None
         self._returned_credits = 0
-        self._deletes: Coalescer[str, EntryResult] = Coalescer(
-            self._delete_now, max_batch=MAX_ACK_BATCH, max_in_flight=MAX_ACKS_IN_FLIGHT
-        )
         self._releases: Coalescer[str, EntryResult] = Coalescer(
             self._release_now, max_batch=MAX_ACK_BATCH, max_in_flight=MAX_ACKS_IN_FLIGHT
         )
@@ -1021,9 +1036,6 @@ class ConsumerStream:
         self._requests.put_nowait(queue_pb2.ConsumeRequest(ack=acknowledge))
         return await future
 
-    async def _delete_now(self, receipts: list[str]) -> list[EntryResult]:
-        return entry_results_from_proto((await self._acknowledge(delete=receipts, release=())).deleted)
-
     @property
     def ended(self) -> bool:
         """The stream ended or broke: nothing sent on it now would be answered."""
@@ -1031,8 +1043,8 @@ class ConsumerStream:
 
     async def acknowledge_deletes(self, receipts: Sequence[str]) -> queue_pb2.AckResult:
         """One acknowledgement frame deleting `receipts`, not shared with other calls, and
-        its answer as the server gave it (`failed` set when refused whole). Raises as
-        `delete` does when the stream ended or broke first."""
+        its answer as the server gave it (`failed` set when refused whole). Raises
+        Unavailable when the stream ended or broke first, as `release` does."""
         return await self._acknowledge(delete=receipts, release=())
 
     async def _release_now(self, receipts: list[str]) -> list[EntryResult]:
@@ -1045,8 +1057,9 @@ class ConsumerStream:
         return list(self._ready)
 
     async def delete(self, receipts: Sequence[str]) -> list[EntryResult]:
-        """Delete over the stream; concurrent calls share acknowledgement frames."""
-        return await self._deletes.add_many(receipts)
+        """Delete as the client's `delete_messages` does (see the class docstring): with the
+        deletes of the client's other callers and streams, to each receipt's leader."""
+        return await self._delete(receipts)
 
     async def release(self, receipts: Sequence[str], *, reason: str = "") -> list[EntryResult]:
         """Release (nack with backoff) over the stream; concurrent calls without a

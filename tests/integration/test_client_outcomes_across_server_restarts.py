@@ -131,9 +131,12 @@ def test_a_send_cut_off_mid_call_is_outcome_unknown(server: ServerProcess, dedup
         assert isinstance(error, OutcomeUnknown), repr(error)
 
 
-def test_a_delete_on_a_consumer_stream_that_ended_fails_instead_of_waiting(server: ServerProcess) -> None:
+def test_a_delete_from_a_consumer_stream_whose_server_died_fails_instead_of_waiting(server: ServerProcess) -> None:
     """Nobody answers an acknowledgement on a stream that has ended: a delete there waited
-    forever, and run_consumer with it (it waits for its handlers), as the demo found."""
+    forever, and run_consumer with it (it waits for its handlers), as the demo found. A
+    stream's delete is now its client's (it no longer rides the stream): with the server
+    dead, it says the server is unavailable, within the client's connect grace; a release,
+    which still rides the stream, says the stream has ended."""
 
     async def scenario() -> None:
         async with AsyncClient(server.endpoint, route_directly=False) as client:
@@ -144,8 +147,11 @@ def test_a_delete_on_a_consumer_stream_that_ended_fails_instead_of_waiting(serve
                 with pytest.raises(ShardqError):
                     async for _ in stream.messages():  # the stream ends with an error
                         pass
-                with pytest.raises(Unavailable, match="consumer stream has ended"):
+                with pytest.raises(Unavailable):
                     await asyncio.wait_for(stream.delete([message.receipt]), timeout=10)
+                # A release still rides the stream, which says it has ended.
+                with pytest.raises(Unavailable, match="consumer stream has ended"):
+                    await asyncio.wait_for(stream.release([message.receipt]), timeout=10)
                 # Asked again, the ended stream says so again rather than waiting forever.
                 with pytest.raises(ShardqError):
                     await asyncio.wait_for(anext(aiter(stream.messages())), timeout=10)
