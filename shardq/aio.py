@@ -1058,8 +1058,13 @@ class ConsumerStream:
 
     async def delete(self, receipts: Sequence[str]) -> list[EntryResult]:
         """Delete as the client's `delete_messages` does (see the class docstring): with the
-        deletes of the client's other callers and streams, to each receipt's leader."""
-        return await self._delete(receipts)
+        deletes of the client's other callers and streams, to each receipt's leader. As
+        before, any number of receipts: more than one request holds go in several."""
+        if len(receipts) <= MAX_ACK_BATCH:
+            return await self._delete(receipts) if receipts else []
+        chunks = [receipts[start : start + MAX_ACK_BATCH] for start in range(0, len(receipts), MAX_ACK_BATCH)]
+        parts = await asyncio.gather(*(self._delete(chunk) for chunk in chunks))
+        return [result for part in parts for result in part]
 
     async def release(self, receipts: Sequence[str], *, reason: str = "") -> list[EntryResult]:
         """Release (nack with backoff) over the stream; concurrent calls without a

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from shardq import AsyncClient, Message
+from shardq.aio import MAX_ACK_BATCH
 from shardq.types import ReceivedMessage
 from tests.integration.scraping import samples, scrape_text, values
 from tests.support.servers import ServerFactory, ServerProcess
@@ -79,3 +80,28 @@ def test_a_receipt_from_a_stream_that_ended_still_deletes_its_message(server_fac
     ok, in_flight, visible = asyncio.run(scenario())
     assert ok
     assert (in_flight, visible) == (0, 0), "the deleted message is still in the queue"
+
+
+def test_a_stream_deletes_any_number_of_receipts_at_once(server_factory: ServerFactory) -> None:
+    """More receipts than one request holds go in several, as the stream's own deletes did;
+    none is a no-op (a request of none is refused)."""
+    server = server_factory(f"{QUEUE}:shards=2")
+    count = MAX_ACK_BATCH + 5
+
+    async def scenario() -> tuple[list[bool], list[object], int]:
+        async with AsyncClient(server.endpoint) as client:
+            for start in range(0, count, 100):
+                await client.send_messages(QUEUE, [Message(b"m%d" % n) for n in range(start, min(count, start + 100))])
+            messages: list[ReceivedMessage] = []
+            while len(messages) < count:
+                messages += await client.receive_messages(QUEUE, max_messages=1000, visibility_timeout_ms=60_000)
+            async with client.consume(QUEUE, credits=0) as stream:
+                nothing = await stream.delete([])
+                results = await stream.delete([message.receipt for message in messages])
+            attributes = await client.attributes(QUEUE)
+        return [result.ok for result in results], list(nothing), attributes.visible + attributes.in_flight
+
+    oks, nothing, left = asyncio.run(scenario())
+    assert oks == [True] * count
+    assert nothing == []
+    assert left == 0
