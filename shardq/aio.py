@@ -711,6 +711,7 @@ class AsyncClient:
             credits=0,
             visibility_timeout_ms=None,
             max_batch=1,
+            # Never called: the deleter sends its batches with acknowledge_deletes.
             delete=functools.partial(self.delete_messages, queue),
         )
         return await stream.__aenter__()
