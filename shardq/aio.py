@@ -688,6 +688,16 @@ class AsyncClient:
 
         return await self._by_receipt(queue, receipts, list(receipts), call)
 
+    async def _delete_any_number(self, queue: str, receipts: Sequence[str]) -> list[EntryResult]:
+        """A consumer stream's delete(): as delete_messages, but none is answered with nothing
+        and more receipts than a request holds go in several (the deleter's batches), as
+        the stream's own batching did, where delete_messages has the server refuse both."""
+
+        async def call(address: str, chunk: list[str]) -> list[EntryResult]:
+            return await self._deleter(queue, address).add_many(chunk)
+
+        return await self._by_receipt(queue, receipts, list(receipts), call)
+
     async def _delete_now(self, queue: str, address: str, receipts: list[str]) -> list[EntryResult]:
         request = queue_pb2.DeleteMessagesRequest(queue=queue, receipts=receipts)
         return entry_results_from_proto(
@@ -712,7 +722,7 @@ class AsyncClient:
             visibility_timeout_ms=None,
             max_batch=1,
             # Never called: the deleter sends its batches with acknowledge_deletes.
-            delete=functools.partial(self.delete_messages, queue),
+            delete=functools.partial(self._delete_any_number, queue),
         )
         return await stream.__aenter__()
 
@@ -818,7 +828,7 @@ class AsyncClient:
             credits=credits,
             visibility_timeout_ms=visibility_timeout_ms,
             max_batch=max_batch,
-            delete=functools.partial(self.delete_messages, queue),
+            delete=functools.partial(self._delete_any_number, queue),
         )
 
     # -- administration ---------------------------------------------------------------
@@ -1061,11 +1071,7 @@ class ConsumerStream:
         """Delete as the client's `delete_messages` does (see the class docstring): with the
         deletes of the client's other callers and streams, to each receipt's leader. As
         before, any number of receipts: more than one request holds go in several."""
-        if len(receipts) <= MAX_ACK_BATCH:
-            return await self._delete(receipts) if receipts else []
-        chunks = [receipts[start : start + MAX_ACK_BATCH] for start in range(0, len(receipts), MAX_ACK_BATCH)]
-        parts = await asyncio.gather(*(self._delete(chunk) for chunk in chunks))
-        return [result for part in parts for result in part]
+        return await self._delete(receipts)
 
     async def release(self, receipts: Sequence[str], *, reason: str = "") -> list[EntryResult]:
         """Release (nack with backoff) over the stream; concurrent calls without a
