@@ -32,3 +32,8 @@ def value(found: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str,
     matching = values(found, name, **labels)
     assert len(matching) == 1, f"expected one {name}{labels}, found {len(matching)}"
     return matching[0]
+
+
+def scraped_total(url: str, name: str, **labels: str) -> float:
+    """The sum of every sample called `name` whose labels include `labels`, scraped now."""
+    return sum(values(samples(scrape_text(url)), name, **labels))

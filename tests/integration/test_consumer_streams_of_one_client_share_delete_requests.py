@@ -10,16 +10,12 @@ import asyncio
 from shardq import AsyncClient, Message
 from shardq.aio import MAX_ACK_BATCH
 from shardq.types import ReceivedMessage
-from tests.integration.scraping import samples, scrape_text, values
-from tests.support.servers import ServerFactory, ServerProcess
+from tests.integration.scraping import scraped_total
+from tests.support.servers import ServerFactory
 
 QUEUE = "work"
 CONSUME = "QueueService/ConsumeStream"
 STREAMS = 4
-
-
-def metric(server: ServerProcess, name: str, **labels: str) -> float:
-    return sum(values(samples(scrape_text(server.metrics_url)), name, **labels))
 
 
 async def received(client: AsyncClient, count: int) -> list[ReceivedMessage]:
@@ -44,13 +40,15 @@ def test_four_streams_deletes_share_requests(server_factory: ServerFactory) -> N
             for stream in streams:
                 await stream.__aenter__()
             try:
-                acknowledged = metric(server, "shardq_stream_requests_total", method=CONSUME)
-                commits = metric(server, "shardq_commits_total", queue=QUEUE)
+                acknowledged = scraped_total(server.metrics_url, "shardq_stream_requests_total", method=CONSUME)
+                commits = scraped_total(server.metrics_url, "shardq_commits_total", queue=QUEUE)
                 results = await asyncio.gather(
                     *(stream.delete([message.receipt]) for stream, message in zip(streams, messages, strict=True))
                 )
-                acknowledged = metric(server, "shardq_stream_requests_total", method=CONSUME) - acknowledged
-                commits = metric(server, "shardq_commits_total", queue=QUEUE) - commits
+                acknowledged = (
+                    scraped_total(server.metrics_url, "shardq_stream_requests_total", method=CONSUME) - acknowledged
+                )
+                commits = scraped_total(server.metrics_url, "shardq_commits_total", queue=QUEUE) - commits
             finally:
                 for stream in streams:
                     await stream.close()

@@ -18,16 +18,12 @@ import pytest
 from shardq import AsyncClient, Message, ack_streams
 from shardq.errors import OutcomeUnknown, QueueNotFound, Reason, ShardqError
 from shardq.types import ReceivedMessage
-from tests.integration.scraping import samples, scrape_text, values
-from tests.support.servers import ServerFactory, ServerProcess, wait_for
+from tests.integration.scraping import scraped_total
+from tests.support.servers import ServerFactory, wait_for
 
 QUEUE = "work"
 CONSUME = "QueueService/ConsumeStream"
 DELETES = "QueueService/DeleteMessages"
-
-
-def metric(server: ServerProcess, name: str, **labels: str) -> float:
-    return sum(values(samples(scrape_text(server.metrics_url)), name, **labels))
 
 
 async def received(client: AsyncClient, queue: str, count: int) -> list[ReceivedMessage]:
@@ -44,15 +40,15 @@ def test_a_clients_deletes_share_one_stream_that_closes_with_the_client(server_f
         async with AsyncClient(server.endpoint) as client:
             await client.send_messages(QUEUE, [Message(b"m%d" % n) for n in range(12)])
             messages = await received(client, QUEUE, 12)
-            unary_before = metric(server, "shardq_requests_total", method=DELETES)
+            unary_before = scraped_total(server.metrics_url, "shardq_requests_total", method=DELETES)
             oks = []
             for message in messages[:6]:  # one at a time
                 (result,) = await client.delete_messages(QUEUE, [message.receipt])
                 oks.append(result.ok)
             results = await asyncio.gather(*(client.delete_messages(QUEUE, [m.receipt]) for m in messages[6:]))
             oks += [result.ok for (result,) in results]
-            open_streams = metric(server, "shardq_open_streams", method=CONSUME)
-            unary = metric(server, "shardq_requests_total", method=DELETES) - unary_before
+            open_streams = scraped_total(server.metrics_url, "shardq_open_streams", method=CONSUME)
+            unary = scraped_total(server.metrics_url, "shardq_requests_total", method=DELETES) - unary_before
             left = (await client.attributes(QUEUE)).in_flight
         return oks, open_streams, unary, left
 
@@ -62,7 +58,7 @@ def test_a_clients_deletes_share_one_stream_that_closes_with_the_client(server_f
     assert unary == 0, f"{unary:.0f} deletes went out as unary calls"
     assert open_streams == 1, f"{open_streams:.0f} consume streams open for one client's deletes"
     wait_for(
-        lambda: metric(server, "shardq_open_streams", method=CONSUME) == 0 or None,
+        lambda: scraped_total(server.metrics_url, "shardq_open_streams", method=CONSUME) == 0 or None,
         timeout=5,
         what="the acknowledgement stream to close with its client",
     )

@@ -17,14 +17,10 @@ import pytest
 
 from shardq import AsyncClient, Message, send_streams
 from shardq.errors import OutcomeUnknown, QueueNotFound, ShardqError
-from tests.integration.scraping import samples, scrape_text, values
-from tests.support.servers import ServerFactory, ServerProcess, wait_for
+from tests.integration.scraping import scraped_total
+from tests.support.servers import ServerFactory, wait_for
 
 QUEUE = "work"
-
-
-def metric(server: ServerProcess, name: str, **labels: str) -> float:
-    return sum(values(samples(scrape_text(server.metrics_url)), name, **labels))
 
 
 async def bodies(client: AsyncClient, queue: str) -> list[bytes]:
@@ -44,9 +40,11 @@ def test_a_clients_sends_share_one_stream_that_closes_with_the_client(server_fac
                 oks += [result.ok for result in await client.send_messages(QUEUE, [Message(b"a%d" % n)])]
             answers = await asyncio.gather(*(client.send_messages(QUEUE, [Message(b"b%d" % n)]) for n in range(6)))
             oks += [result.ok for answer in answers for result in answer]
-            open_streams = metric(server, "shardq_open_streams", method="QueueService/SendStream")
-            unary = metric(server, "shardq_requests_total", method="QueueService/SendMessages")
-            on_stream = metric(server, "shardq_stream_requests_total", method="QueueService/SendStream", code="OK")
+            open_streams = scraped_total(server.metrics_url, "shardq_open_streams", method="QueueService/SendStream")
+            unary = scraped_total(server.metrics_url, "shardq_requests_total", method="QueueService/SendMessages")
+            on_stream = scraped_total(
+                server.metrics_url, "shardq_stream_requests_total", method="QueueService/SendStream", code="OK"
+            )
             stored = await bodies(client, QUEUE)
         return oks, open_streams, unary, on_stream, stored
 
@@ -57,7 +55,7 @@ def test_a_clients_sends_share_one_stream_that_closes_with_the_client(server_fac
     assert 7 <= on_stream <= 12, f"{on_stream:.0f} stream requests for 6 lone sends and 6 concurrent ones"
     assert open_streams == 1, f"{open_streams:.0f} producer streams open for one client's sends"
     wait_for(
-        lambda: metric(server, "shardq_open_streams", method="QueueService/SendStream") == 0 or None,
+        lambda: scraped_total(server.metrics_url, "shardq_open_streams", method="QueueService/SendStream") == 0 or None,
         timeout=5,
         what="the producer stream to close with its client",
     )
