@@ -17,6 +17,9 @@ from shard_server.domain.transitions import Action, next_state
 from shardq.receipts import Receipt
 
 DEAD_LETTER_REASON_MAX_RECEIVES = "max_receive_count"
+# Read once: an enum member read from its class costs about 60 ns, once per claimed message.
+_CLAIM = Action.CLAIM
+_RECEIVED = ChangeKind.RECEIVED
 
 
 @dataclasses.dataclass(slots=True)  # not frozen: built per message, and frozen ones cost ~4x to build
@@ -115,7 +118,7 @@ def receive_messages(
             # Built directly rather than with dataclasses.replace: this is the hot path.
             claim = Delivery(
                 seq,
-                next_state(delivery.state, Action.CLAIM),
+                next_state(delivery.state, _CLAIM),
                 delivery.sent_at_ms,
                 now_ms + visibility_timeout_ms,
                 delivery.receive_count + 1,
@@ -124,7 +127,7 @@ def receive_messages(
                 context.epoch,
                 delivery.claim_token + 1,
             )
-            event = DeliveryChanged(ChangeKind.RECEIVED, claim)
+            event = DeliveryChanged(_RECEIVED, claim)
             commit_event(store, context, event, now_ms=now_ms, current=delivery)
             receipt = Receipt(context.fingerprint, context.shard, seq, context.epoch, claim.claim_token)
             claimed.append(ClaimedMessage(record, claim, receipt))

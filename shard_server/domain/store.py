@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from shard_server.domain.events import Event
+from shard_server.domain.events import DeliveryChanged, Event
 from shard_server.domain.messages import Delivery, MessageRecord
 
 
@@ -73,4 +73,9 @@ class ShardStore(Protocol):
 
     def record_event(self, event: Event) -> None:
         """Add the event to the log entry this transaction writes."""
+        ...
+
+    def record_delivery_change(self, event: DeliveryChanged, *, previous: Delivery) -> None:
+        """record_event(event), then put_delivery(event.delivery, previous=previous), in one
+        step: what committing a delivery change comes to (once per message a receive claims)."""
         ...

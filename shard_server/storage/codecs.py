@@ -143,6 +143,8 @@ def encode_sent(event: Sent, record: bytes, delivery: bytes) -> bytes:
 
 def encode_delivery_changed(event: DeliveryChanged, delivery: bytes) -> bytes:
     """A DeliveryChanged event around its already-encoded delivery (stores reuse the bytes)."""
+    if not event.reason:  # a claim's (hot path)
+        return _CHANGED_HEAD.pack(TAG_CHANGED, event.kind, event.delivery.seq, 0) + delivery
     reason = event.reason.encode()
     return b"".join((_CHANGED_HEAD.pack(TAG_CHANGED, event.kind, event.delivery.seq, len(reason)), reason, delivery))
 

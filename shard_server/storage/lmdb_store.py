@@ -48,6 +48,9 @@ DEFAULT_MAP_SIZE = 64 << 30
 # delayed messages reads the index alone.
 _INDEX_READY = b"\0"
 _INDEX_CLAIMED = b"\1"
+# Read once: an enum member read from its class costs about 60 ns, on every claim.
+_CLAIMED = DeliveryState.CLAIMED
+_DEAD_LETTER_PENDING = DeliveryState.DEAD_LETTER_PENDING
 
 
 class IdentityMismatch(RuntimeError):
@@ -546,20 +549,23 @@ class LmdbShardTransaction:
     def _unlink(self, delivery: Delivery) -> None:
         if delivery.indexed:
             self.txn.delete(keys.index_key(delivery.visible_at_ms, delivery.seq), db=self._index)
-        elif delivery.state == DeliveryState.DEAD_LETTER_PENDING:
+        elif delivery.state == _DEAD_LETTER_PENDING:
             self.txn.delete(keys.seq_key(delivery.seq), db=self._dead)
 
     def put_delivery(self, delivery: Delivery, *, previous: Delivery | None) -> None:
+        cached = self._encoded_deliveries.pop(delivery.seq, None)
+        encoded = cached[1] if cached is not None and cached[0] is delivery else encode_delivery(delivery)
+        self._write_delivery(delivery, encoded, previous)
+
+    def _write_delivery(self, delivery: Delivery, encoded: bytes, previous: Delivery | None) -> None:
         if previous is not None:
             self._unlink(previous)
         seq = keys.seq_key(delivery.seq)
-        cached = self._encoded_deliveries.pop(delivery.seq, None)
-        encoded = cached[1] if cached is not None and cached[0] is delivery else encode_delivery(delivery)
         self.txn.put(seq, encoded, db=self._delivery)
         if delivery.indexed:
-            marker = _INDEX_CLAIMED if delivery.state == DeliveryState.CLAIMED else _INDEX_READY
+            marker = _INDEX_CLAIMED if delivery.state == _CLAIMED else _INDEX_READY
             self.txn.put(keys.index_key(delivery.visible_at_ms, delivery.seq), marker, db=self._index)
-        elif delivery.state == DeliveryState.DEAD_LETTER_PENDING:
+        elif delivery.state == _DEAD_LETTER_PENDING:
             self.txn.put(seq, b"", db=self._dead)
 
     def delete_delivery(self, delivery: Delivery) -> None:
@@ -618,6 +624,13 @@ class LmdbShardTransaction:
             self._events.append(encode_delivery_changed(event, delivery))
         else:
             self._events.append(encode_event(event))
+
+    def record_delivery_change(self, event: DeliveryChanged, *, previous: Delivery) -> None:
+        # The delivery is encoded once, for the journal and the state, with no stop in
+        # _encoded_deliveries between record_event and put_delivery.
+        encoded = encode_delivery(event.delivery)
+        self._events.append(encode_delivery_changed(event, encoded))
+        self._write_delivery(event.delivery, encoded, previous)
 
     # -- the log ---------------------------------------------------------------
     def prune_log(self, *, before_ms: int, keep_after_index: int, limit: int) -> int:

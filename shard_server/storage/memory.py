@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import bisect
 
-from shard_server.domain.events import Event
+from shard_server.domain.events import DeliveryChanged, Event
 from shard_server.domain.messages import Delivery, DeliveryState, MessageRecord
 
 
@@ -111,3 +111,7 @@ class MemoryShardStore:
 
     def record_event(self, event: Event) -> None:
         self.events.append(event)
+
+    def record_delivery_change(self, event: DeliveryChanged, *, previous: Delivery) -> None:
+        self.record_event(event)
+        self.put_delivery(event.delivery, previous=previous)

@@ -56,6 +56,19 @@ class StoreContract:
         assert store.eligible(5000, after=None, limit=10) == [(5000, 1)]
         assert store.get_delivery(1) == claimed
 
+    def test_a_change_recorded_in_one_step_moves_the_message_as_applying_it_does(self, store: ShardStore) -> None:
+        for seq in (1, 2):
+            apply_event(store, sent(seq), fifo=False, now_ms=1000)
+        claimed = Delivery(1, DeliveryState.CLAIMED, 1000, 5000, 1, 1000, 1000, 1, 1)
+        store.record_delivery_change(DeliveryChanged(ChangeKind.RECEIVED, claimed), previous=sent(1).delivery)
+        dead = Delivery(2, DeliveryState.DEAD_LETTER_PENDING, 1000, 1000, 3)
+        store.record_delivery_change(DeliveryChanged(ChangeKind.DEAD_LETTERED, dead, "max"), previous=sent(2).delivery)
+        assert store.get_delivery(1) == claimed
+        assert store.get_delivery(2) == dead
+        assert store.eligible(4999, after=None, limit=10) == []
+        assert store.eligible(5000, after=None, limit=10) == [(5000, 1)]
+        assert store.dead_letter_pending(limit=10) == [2]
+
     def test_removed_message_is_gone_everywhere(self, store: ShardStore) -> None:
         apply_event(store, sent(1), fifo=False, now_ms=1000)
         apply_event(store, Removed(RemovalKind.DELETED, 1, 1000), fifo=False, now_ms=1001)
