@@ -568,8 +568,8 @@ class HostedQueue:
         self, shares: Sequence[int], *, visibility_timeout_ms: int, shard: int | None = None, forwarded: bool = False
     ) -> list[Received]:
         """Several receivers' short polls at once (a client folding concurrent calls):
-        each share claims as a concurrent receive of its own would, and their claims
-        queue in the same loop turn, so they share batches and commits.
+        each share claims as a receive of its own would, in order, and the shares go to
+        each shard's writer as one request, so they share its batch and commit.
 
         The response must stay as bounded as one receive's: each share may claim
         RECEIVE_BYTES_BUDGET / len(shares) bytes, the first share passing it by at most
@@ -588,21 +588,16 @@ class HostedQueue:
                 raise QueueNotFound(self.config.name)
             local = [s for s in self.shards if s.is_local_leader() and (shard is None or s.index == shard)]
             budget = RECEIVE_BYTES_BUDGET // len(shares)
-            outcomes = await asyncio.gather(
-                *(
-                    self._claim_now(local, wanted, visibility_timeout_ms, max_bytes=budget, strict_bytes=position > 0)
-                    for position, wanted in enumerate(shares)
-                ),
-                return_exceptions=True,
+            # The shares claim together, in order, each as the receive of its own it stands
+            # for: one request per shard's batch, not one per share (a claim lost after some
+            # shares claimed returns what they have; the others get nothing this time).
+            claimed = await self._claim_now(
+                local,
+                [_Wanted(wanted, budget, strict_bytes=position > 0) for position, wanted in enumerate(shares)],
+                visibility_timeout_ms,
             )
-            claimed = [outcome if isinstance(outcome, list) else [] for outcome in outcomes]
             if any(claimed):
-                # A share that failed claimed nothing (a claim lost after others succeeded
-                # returns what it has): its receiver gets nothing this time.
                 return [Received(messages, []) for messages in claimed]
-            for outcome in outcomes:
-                if isinstance(outcome, BaseException):
-                    raise outcome
             if not forwarded and shard is None:
                 for leader in self.remote_leaders():
                     try:
@@ -635,7 +630,9 @@ class HostedQueue:
             if self.closed:
                 raise QueueNotFound(self.config.name)  # deleted while this call waited
             local = [s for s in self.shards if s.is_local_leader() and (shard is None or s.index == shard)]
-            claimed = await self._claim_now(local, max_messages, visibility_timeout_ms)
+            (claimed,) = await self._claim_now(
+                local, [_Wanted(max_messages, RECEIVE_BYTES_BUDGET)], visibility_timeout_ms
+            )
             if claimed:
                 return Received(claimed, [])
             if not forwarded and shard is None:
@@ -711,23 +708,17 @@ class HostedQueue:
             return []  # that leader is unreachable: the others may still serve
 
     async def _claim_now(
-        self,
-        shards: list[HostedShard],
-        max_messages: int,
-        visibility_timeout_ms: int,
-        *,
-        max_bytes: int = RECEIVE_BYTES_BUDGET,
-        strict_bytes: bool = False,
-    ) -> list[tuple[HostedShard, ClaimedMessage]]:
-        """Claim up to `max_messages` from `shards` now. `strict_bytes`: never pass
-        `max_bytes`, not even by the first message (a share of a shared receive)."""
+        self, shards: list[HostedShard], wants: list[_Wanted], visibility_timeout_ms: int
+    ) -> list[list[tuple[HostedShard, ClaimedMessage]]]:
+        """Claim now from `shards`, for each of `wants` in order (a receive, or the shares
+        of a shared one), as many messages as it wants within its bytes: what each claimed."""
+        claimed: list[list[tuple[HostedShard, ClaimedMessage]]] = [[] for _ in wants]
         if not shards:
-            return []  # none led here (cluster mode): the caller asks their leaders
+            return claimed  # none led here (cluster mode): the caller asks their leaders
         now = wall_clock_ms()
         count = len(shards)
         start = receiving.first_shard_to_claim(now, count)
-        claimed: list[tuple[HostedShard, ClaimedMessage]] = []
-        claimed_bytes = 0
+        claimed_bytes = [0] * len(wants)
         rotation = [shards[(start + offset) % count] for offset in range(count)]
         # Shards whose next batch is still taking requests come first: a claim there shares
         # that transaction and fsync, and so, later, do the deletes of what concurrent
@@ -735,60 +726,74 @@ class HostedQueue:
         # turn (concurrent receives then share its commits), every shard in turn.
         collecting = [shard for shard in rotation if shard.committer.collecting]
         for shard in collecting + [shard for shard in rotation if shard not in collecting]:
+            wanting = [
+                position
+                for position, want in enumerate(wants)
+                if len(claimed[position]) < want.messages and claimed_bytes[position] < want.max_bytes
+            ]
+            if not wanting:
+                break
             visible_at = shard.next_visible_at()
             if visible_at is None or visible_at > now:
                 continue  # a read transaction is far cheaper than a write batch
-            wanted = max_messages - len(claimed)
             if not shard.is_local_leader():
                 continue  # led elsewhere since the caller listed it
+            rest = [
+                _Wanted(
+                    wants[position].messages - len(claimed[position]),
+                    wants[position].max_bytes - claimed_bytes[position],
+                    strict_bytes=wants[position].strict_bytes,
+                )
+                for position in wanting
+            ]
             # Queued now, not from a task of its own a loop turn later: receives made in
             # the same turn then find this batch still taking requests, and share it.
             submitted = shard.committer.enqueue(
-                functools.partial(
-                    _claim,
-                    max_messages=wanted,
-                    visibility_timeout_ms=visibility_timeout_ms,
-                    max_bytes=max_bytes - claimed_bytes,
-                    strict_bytes=strict_bytes,
-                ),
-                answer_before_commit=receiving.newest_seq,
+                functools.partial(_claim, wants=rest, visibility_timeout_ms=visibility_timeout_ms),
+                answer_before_commit=_newest_seq,
             )
             try:
-                outcome = await asyncio.shield(submitted)
+                outcomes = await asyncio.shield(submitted)
             except ShardqError:
                 # This shard's claim was lost (its leadership went before it replicated):
                 # its messages come back at their timeout. What other shards claimed stands.
-                if claimed:
+                if any(claimed):
                     break
                 raise
             except asyncio.CancelledError:
                 # The caller went away (a client cancelled, a consumer stream closed):
                 # what this call claimed, and what the claim in flight will claim,
                 # becomes visible again now instead of at its visibility timeout.
-                self._give_back(claimed)
-                submitted.add_done_callback(functools.partial(self._give_back_outcome, shard))
+                self._give_back([message for messages in claimed for message in messages])
+                submitted.add_done_callback(functools.partial(self._give_back_outcomes, shard))
                 raise
-            claimed_bytes += outcome.claimed_bytes
-            shard.bytes_out.inc(outcome.claimed_bytes)
-            if outcome.dead_lettered:
-                shard.dead_lettered.inc(outcome.dead_lettered)
-                self.wake_dead_letter_mover()
-            if outcome.claimed:
-                shard.received.inc(len(outcome.claimed))
-                redelivered = sum(1 for c in outcome.claimed if c.delivery.receive_count > 1)
-                if redelivered:
-                    shard.redelivered.inc(redelivered)
-                claimed.extend((shard, message) for message in outcome.claimed)
-            if len(claimed) >= max_messages or claimed_bytes >= max_bytes:
-                break
+            for position, outcome in zip(wanting, outcomes, strict=True):
+                claimed_bytes[position] += outcome.claimed_bytes
+                claimed[position].extend((shard, message) for message in outcome.claimed)
+            self._count_claims(shard, outcomes)
         return claimed
+
+    def _count_claims(self, shard: HostedShard, outcomes: list[receiving.ReceiveOutcome]) -> None:
+        shard.bytes_out.inc(sum(outcome.claimed_bytes for outcome in outcomes))
+        dead_lettered = sum(outcome.dead_lettered for outcome in outcomes)
+        if dead_lettered:
+            shard.dead_lettered.inc(dead_lettered)
+            self.wake_dead_letter_mover()
+        received = sum(len(outcome.claimed) for outcome in outcomes)
+        if received:
+            shard.received.inc(received)
+            redelivered = sum(1 for outcome in outcomes for c in outcome.claimed if c.delivery.receive_count > 1)
+            if redelivered:
+                shard.redelivered.inc(redelivered)
 
     def wake_dead_letter_mover(self) -> None:
         self.dead_letters_waiting.set()
 
-    def _give_back_outcome(self, shard: HostedShard, submitted: asyncio.Future[receiving.ReceiveOutcome]) -> None:
+    def _give_back_outcomes(
+        self, shard: HostedShard, submitted: asyncio.Future[list[receiving.ReceiveOutcome]]
+    ) -> None:
         if not submitted.cancelled() and submitted.exception() is None:
-            self._give_back([(shard, message) for message in submitted.result().claimed])
+            self._give_back([(shard, message) for outcome in submitted.result() for message in outcome.claimed])
 
     def _give_back(self, claimed: Sequence[tuple[HostedShard, ClaimedMessage]]) -> None:
         """Make messages claimed for a caller that is gone visible again, in the background."""
@@ -954,25 +959,37 @@ class HostedQueue:
             shard.environment.close()
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Wanted:
+    """What one receive (or one share of a shared receive) still wants claimed."""
+
+    messages: int
+    max_bytes: int
+    # Never pass max_bytes, not even by the first message (a share after the first).
+    strict_bytes: bool = False
+
+
 def _claim(
-    tx: LmdbShardTransaction,
-    context: ShardContext,
-    now: int,
-    *,
-    max_messages: int,
-    visibility_timeout_ms: int,
-    max_bytes: int,
-    strict_bytes: bool,
-) -> receiving.ReceiveOutcome:
-    return receiving.receive_messages(
-        tx,
-        context,
-        max_messages=max_messages,
-        visibility_timeout_ms=visibility_timeout_ms,
-        now_ms=now,
-        max_bytes=max_bytes,
-        strict_bytes=strict_bytes,
-    )
+    tx: LmdbShardTransaction, context: ShardContext, now: int, *, wants: list[_Wanted], visibility_timeout_ms: int
+) -> list[receiving.ReceiveOutcome]:
+    """Each want's claim in turn, in one transaction: as receives queued in that order."""
+    return [
+        receiving.receive_messages(
+            tx,
+            context,
+            max_messages=want.messages,
+            visibility_timeout_ms=visibility_timeout_ms,
+            now_ms=now,
+            max_bytes=want.max_bytes,
+            strict_bytes=want.strict_bytes,
+        )
+        for want in wants
+    ]
+
+
+def _newest_seq(outcomes: list[receiving.ReceiveOutcome]) -> int:
+    """The newest message the claims hand out (0 for none): see receiving.newest_seq."""
+    return max((receiving.newest_seq(outcome) for outcome in outcomes), default=0)
 
 
 def _refuse_orphaned_shards(config: QueueConfig, directory: pathlib.Path) -> None:

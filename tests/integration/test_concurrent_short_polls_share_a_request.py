@@ -64,8 +64,13 @@ def test_the_shares_of_one_request_are_claimed_in_one_commit(server_factory: Ser
     def commits() -> float:
         return sum(values(samples(scrape_text(server.metrics_url)), "shardq_commits_total", queue="one"))
 
+    def requests_committed() -> float:
+        scraped = samples(scrape_text(server.metrics_url))
+        return sum(values(scraped, "shardq_commit_batch_requests_sum", queue="one"))
+
     # The send was answered once written ahead; its commit is counted once LMDB made it.
     before = wait_for(lambda: commits() or None, timeout=10, what="the send's commit counted")
+    requests_before = requests_committed()
     with grpc.insecure_channel(server.endpoint) as channel:
         request = queue_pb2.ReceiveMessagesRequest(queue="one", shares=[3] * 8, visibility_timeout_ms=HIDDEN_MS)
         response = queue_pb2_grpc.QueueServiceStub(channel).ReceiveMessages(request, timeout=10)
@@ -78,6 +83,8 @@ def test_the_shares_of_one_request_are_claimed_in_one_commit(server_factory: Ser
         client.send_messages("one", [Message(b"after")])
     after = wait_for(lambda: (count := commits()) - before >= 2 and count, timeout=10, what="two commits counted")
     assert after - before == 2, "the claim took one commit, the send after it another"
+    # And one request each: the shares claim together, not as a request per share.
+    assert requests_committed() - requests_before == 2, "the eight shares went to the writer as one request"
 
 
 def test_long_polls_and_different_visibility_timeouts_do_not_share(server: ServerProcess) -> None:
