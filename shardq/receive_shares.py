@@ -1,8 +1,8 @@
 """Shared short polls: several receivers' receives in one request.
 
 A client folding concurrent receives (wait 0) sends their max_messages as the
-request's `shares`; the server claims each share as a concurrent receive of its
-own would, in the same commits, and answers every share's messages in order with
+request's `shares`; the server claims each share as a receive of its own would,
+in order and in one commit, and answers every share's messages in order with
 `share_counts` saying how many are whose. Client and server (forwarding to another
 leader) read the answer the same way.
 """
