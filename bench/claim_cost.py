@@ -25,7 +25,6 @@ Usage: python bench/claim_cost.py [--dir /path/on/the/disk] [--sizes 10,40]
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import pathlib
 import shutil
@@ -34,9 +33,8 @@ import tempfile
 import time
 from typing import Any
 
-import lmdb
 import reports  # bench/reports.py: this script's directory is sys.path[0]
-from commit_cost import percentiles  # bench/commit_cost.py, beside this script
+from commit_cost import disk_report, percentiles  # bench/commit_cost.py, beside this script
 
 from shard_server.domain import receiving, sending
 from shard_server.domain.context import ShardContext
@@ -147,16 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         environment.close()
         shutil.rmtree(shard_dir, ignore_errors=True)
-    report = {
-        "benchmark": "claim-cost",
-        "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "directory": str(args.dir),
-        "payload_bytes": args.payload_bytes,
-        "filled_messages": needed,
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-        "lmdb": lmdb.__version__,
-        "results": rows,
-    }
+    report = disk_report("claim-cost", args.dir, rows, payload_bytes=args.payload_bytes, filled_messages=needed)
     reports.emit(report, args.out, "claim-cost.json")
     return 0
 

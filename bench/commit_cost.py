@@ -124,6 +124,20 @@ def file_syncs(directory: pathlib.Path, samples: int) -> dict[str, dict[str, flo
         path.unlink()
 
 
+def disk_report(benchmark: str, directory: pathlib.Path, results: Any, **fields: Any) -> dict[str, Any]:
+    """A report of a benchmark on the disk holding `directory`: when and where it ran, with
+    `fields`, the load average and LMDB's version, around `results`."""
+    return {
+        "benchmark": benchmark,
+        "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "directory": str(directory),
+        **fields,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "lmdb": lmdb.__version__,
+        "results": results,
+    }
+
+
 def write_calls_and_bytes() -> tuple[int, int]:
     """This process's write system calls and bytes written so far (Linux's /proc/self/io)."""
     counters = dict(line.split(": ") for line in pathlib.Path("/proc/self/io").read_text().splitlines())
@@ -254,15 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[commit-cost] durable commits 600 µs apart, a reader renewed every {every} ...", file=sys.stderr)
         commits, writes = lmdb_send_commits(args.dir, args.samples, durable=True, idle_s=600e-6, pin_every=every)
         results[f"lmdb.send.idle-600-us.pinned-{every}"] = {**percentiles(commits), **writes}
-    report = {
-        "benchmark": "commit-cost",
-        "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "directory": str(args.dir),
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-        "lmdb": lmdb.__version__,
-        "results": results,
-    }
-    reports.emit(report, args.out, "commit-cost.json")
+    reports.emit(disk_report("commit-cost", args.dir, results), args.out, "commit-cost.json")
     return 0
 
 
