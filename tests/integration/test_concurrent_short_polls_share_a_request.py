@@ -20,7 +20,7 @@ from shardq.errors import InvalidArgument, ShardqError
 from shardq.queues import MAX_RECEIVE_SHARES
 from shardq.status import error_from_rpc
 from shardq.types import ReceivedMessage
-from tests.integration.scraping import samples, scrape_text, values
+from tests.integration.scraping import samples, scrape_text, scraped_total, values
 from tests.support.clusters import Cluster, running, send_once_led
 from tests.support.servers import ServerFactory, ServerProcess, stored_count, wait_for
 
@@ -65,8 +65,7 @@ def test_the_shares_of_one_request_are_claimed_in_one_commit(server_factory: Ser
         return sum(values(samples(scrape_text(server.metrics_url)), "shardq_commits_total", queue="one"))
 
     def requests_committed() -> float:
-        scraped = samples(scrape_text(server.metrics_url))
-        return sum(values(scraped, "shardq_commit_batch_requests_sum", queue="one"))
+        return scraped_total(server.metrics_url, "shardq_commit_batch_requests_sum", queue="one")
 
     # The send was answered once written ahead; its commit is counted once LMDB made it.
     before = wait_for(lambda: commits() or None, timeout=10, what="the send's commit counted")
