@@ -25,6 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import reports  # bench/reports.py: this script's directory is sys.path[0]
@@ -41,27 +42,21 @@ SERVER_STAMPS = (
 WARM_UP_SENDS = 200
 
 
-def serve_with_stamps(out: pathlib.Path, no_sync: bool, argv: list[str]) -> None:
-    """The server's side: `shardq serve` with stamps, written to `out` when it stops."""
-    from shardq.grpc_io import use_completion_queue_polling
-
-    use_completion_queue_polling()  # as the shardq command does
-
-    import grpc
+def open_lmdb_without_syncs() -> None:
+    """From now on, this process opens LMDB environments with sync and metasync off."""
     import lmdb
 
-    if no_sync:
-        open_environment = lmdb.open
+    open_environment = lmdb.open
 
-        def open_without_syncs(*args: Any, **kwargs: Any) -> Any:
-            return open_environment(*args, **{**kwargs, "sync": False, "metasync": False})
+    def open_without_syncs(*args: Any, **kwargs: Any) -> Any:
+        return open_environment(*args, **{**kwargs, "sync": False, "metasync": False})
 
-        lmdb.open = open_without_syncs
+    lmdb.open = open_without_syncs
 
-    stamps: dict[str, list[float]] = {name: [] for name in SERVER_STAMPS}
+
+def codec_stamper(stamps: dict[str, list[float]]) -> Callable[[str, Any], Any]:
+    """Wraps a gRPC handler's codec so that each call stamps `stamps[name]` first."""
     clock = time.perf_counter
-    build_handler = grpc.stream_stream_rpc_method_handler
-
     # The interceptors wrap a handler's codec again (a decoder around the stamped one): the
     # outermost call stamps, the ones inside it do not.
     inside: set[str] = set()
@@ -78,6 +73,25 @@ def serve_with_stamps(out: pathlib.Path, no_sync: bool, argv: list[str]) -> None
                 inside.discard(name)
 
         return stamped
+
+    return stamping
+
+
+def serve_with_stamps(out: pathlib.Path, no_sync: bool, argv: list[str]) -> None:
+    """The server's side: `shardq serve` with stamps, written to `out` when it stops."""
+    from shardq.grpc_io import use_completion_queue_polling
+
+    use_completion_queue_polling()  # as the shardq command does
+
+    import grpc
+
+    if no_sync:
+        open_lmdb_without_syncs()
+
+    stamps: dict[str, list[float]] = {name: [] for name in SERVER_STAMPS}
+    clock = time.perf_counter
+    build_handler = grpc.stream_stream_rpc_method_handler
+    stamping = codec_stamper(stamps)
 
     def stamped_handler(behavior: Any, request_deserializer: Any = None, response_serializer: Any = None) -> Any:
         return build_handler(
