@@ -363,7 +363,14 @@ class HeldRead:
 
 
 class LmdbShardTransaction:
-    """ShardStore over one LMDB transaction (see shard_server.domain.store)."""
+    """ShardStore over one LMDB transaction (see shard_server.domain.store).
+
+    py-lmdb's get, put and delete are called with positional arguments only: `get(key,
+    None, db)`, `put(key, value, False, True, False, db)` (no duplicates, overwrite, not
+    appending; `True` last appends) and `delete(key, b"", db)`. Its keyword parsing cost
+    more than the LMDB call: a put took 497 ns with `db=` and 263 ns without, a get 267
+    against 201, a delete 364 against 285 (measured; a claim makes five such calls).
+    """
 
     def __init__(self, txn: lmdb.Transaction, dbs: dict[bytes, lmdb._Database]) -> None:
         self.txn = txn
@@ -390,16 +397,16 @@ class LmdbShardTransaction:
 
     # -- meta --------------------------------------------------------------
     def meta_int(self, name: bytes) -> int:
-        value = self.txn.get(name, db=self._meta)
+        value = self.txn.get(name, None, self._meta)
         return 0 if value is None else int(keys.U64.unpack(value)[0])
 
     # -- reads -------------------------------------------------------------
     def get_record(self, seq: int) -> MessageRecord | None:
-        data = self.txn.get(keys.seq_key(seq), db=self._messages)
+        data = self.txn.get(keys.seq_key(seq), None, self._messages)
         return None if data is None else decode_record(data)
 
     def get_delivery(self, seq: int) -> Delivery | None:
-        data = self.txn.get(keys.seq_key(seq), db=self._delivery)
+        data = self.txn.get(keys.seq_key(seq), None, self._delivery)
         return None if data is None else decode_delivery(seq, data)
 
     def eligible(self, now_ms: int, *, after: tuple[int, int] | None, limit: int) -> list[tuple[int, int]]:
@@ -443,7 +450,7 @@ class LmdbShardTransaction:
         return self.meta_int(keys.META_LAST_INDEX)
 
     def dedup_lookup(self, dedup_id: str) -> tuple[int, int, int] | None:
-        data = self.txn.get(dedup_id.encode(), db=self._dedup)
+        data = self.txn.get(dedup_id.encode(), None, self._dedup)
         if data is None:
             return None
         seq, sent_at, expires = keys.DEDUP_VALUE.unpack(data)
@@ -541,16 +548,16 @@ class LmdbShardTransaction:
         encoded = self._encoded_records.pop(record.seq, None)
         if encoded is None:
             encoded = encode_record(record)
-        self.txn.put(keys.seq_key(record.seq), encoded, db=self._messages)
+        self.txn.put(keys.seq_key(record.seq), encoded, False, True, False, self._messages)
 
     def delete_record(self, seq: int) -> None:
-        self.txn.delete(keys.seq_key(seq), db=self._messages)
+        self.txn.delete(keys.seq_key(seq), b"", self._messages)
 
     def _unlink(self, delivery: Delivery) -> None:
         if delivery.indexed:
-            self.txn.delete(keys.index_key(delivery.visible_at_ms, delivery.seq), db=self._index)
+            self.txn.delete(keys.index_key(delivery.visible_at_ms, delivery.seq), b"", self._index)
         elif delivery.state == _DEAD_LETTER_PENDING:
-            self.txn.delete(keys.seq_key(delivery.seq), db=self._dead)
+            self.txn.delete(keys.seq_key(delivery.seq), b"", self._dead)
 
     def put_delivery(self, delivery: Delivery, *, previous: Delivery | None) -> None:
         cached = self._encoded_deliveries.pop(delivery.seq, None)
@@ -561,24 +568,24 @@ class LmdbShardTransaction:
         if previous is not None:
             self._unlink(previous)
         seq = keys.seq_key(delivery.seq)
-        self.txn.put(seq, encoded, db=self._delivery)
+        self.txn.put(seq, encoded, False, True, False, self._delivery)
         if delivery.indexed:
             marker = _INDEX_CLAIMED if delivery.state == _CLAIMED else _INDEX_READY
-            self.txn.put(keys.index_key(delivery.visible_at_ms, delivery.seq), marker, db=self._index)
+            self.txn.put(keys.index_key(delivery.visible_at_ms, delivery.seq), marker, False, True, False, self._index)
         elif delivery.state == _DEAD_LETTER_PENDING:
-            self.txn.put(seq, b"", db=self._dead)
+            self.txn.put(seq, b"", False, True, False, self._dead)
 
     def delete_delivery(self, delivery: Delivery) -> None:
         self._unlink(delivery)
-        self.txn.delete(keys.seq_key(delivery.seq), db=self._delivery)
+        self.txn.delete(keys.seq_key(delivery.seq), b"", self._delivery)
 
     def put_dedup(self, dedup_id: str, *, seq: int, sent_at_ms: int, expires_at_ms: int) -> None:
         key = dedup_id.encode()
-        old = self.txn.get(key, db=self._dedup)
+        old = self.txn.get(key, None, self._dedup)
         if old is not None:
-            self.txn.delete(keys.dedup_expiry_key(keys.DEDUP_VALUE.unpack(old)[2], dedup_id), db=self._dedup_expiry)
-        self.txn.put(key, keys.DEDUP_VALUE.pack(seq, sent_at_ms, expires_at_ms), db=self._dedup)
-        self.txn.put(keys.dedup_expiry_key(expires_at_ms, dedup_id), b"", db=self._dedup_expiry)
+            self.txn.delete(keys.dedup_expiry_key(keys.DEDUP_VALUE.unpack(old)[2], dedup_id), b"", self._dedup_expiry)
+        self.txn.put(key, keys.DEDUP_VALUE.pack(seq, sent_at_ms, expires_at_ms), False, True, False, self._dedup)
+        self.txn.put(keys.dedup_expiry_key(expires_at_ms, dedup_id), b"", False, True, False, self._dedup_expiry)
 
     def prune_dedup(self, *, up_to_ms: int) -> None:
         cursor = self.txn.cursor(db=self._dedup_expiry)
@@ -587,14 +594,14 @@ class LmdbShardTransaction:
         while key := bytes(cursor.key()):
             if keys.U64.unpack(key[:8])[0] > up_to_ms:
                 break
-            self.txn.delete(key[8:], db=self._dedup)
+            self.txn.delete(key[8:], b"", self._dedup)
             cursor.delete()
 
     def add_group_member(self, group_id: str, seq: int) -> None:
-        self.txn.put(keys.group_key(group_id, seq), b"", db=self._groups)
+        self.txn.put(keys.group_key(group_id, seq), b"", False, True, False, self._groups)
 
     def remove_group_member(self, group_id: str, seq: int) -> None:
-        self.txn.delete(keys.group_key(group_id, seq), db=self._groups)
+        self.txn.delete(keys.group_key(group_id, seq), b"", self._groups)
 
     def set_last_seq(self, seq: int) -> None:
         self._last_seq = seq
@@ -603,7 +610,7 @@ class LmdbShardTransaction:
     def flush_meta(self) -> None:
         """Write what was kept in memory during the transaction; before it commits."""
         if self._last_seq_dirty and self._last_seq is not None:
-            self.txn.put(keys.META_LAST_SEQ, keys.U64.pack(self._last_seq), db=self._meta)
+            self.txn.put(keys.META_LAST_SEQ, keys.U64.pack(self._last_seq), False, True, False, self._meta)
             self._last_seq_dirty = False
 
     def clear_messages(self) -> None:
@@ -658,10 +665,10 @@ class LmdbShardTransaction:
         index = self.last_index() + 1
         entry = encode_entry(epoch=epoch, index=index, at_ms=at_ms, encoded_events=self._events)
         self.written_entry = entry
-        self.txn.put(keys.U64.pack(index), entry, db=self._log, append=True)
+        self.txn.put(keys.U64.pack(index), entry, False, True, True, self._log)
         packed = keys.U64.pack(index)
-        self.txn.put(keys.META_LAST_INDEX, packed, db=self._meta)
+        self.txn.put(keys.META_LAST_INDEX, packed, False, True, False, self._meta)
         # A leader applies as it decides, so its applied index is its last index.
-        self.txn.put(keys.META_APPLIED_INDEX, packed, db=self._meta)
+        self.txn.put(keys.META_APPLIED_INDEX, packed, False, True, False, self._meta)
         self._events = []
         return index
