@@ -12,6 +12,11 @@ from shard_server.domain.messages import DeliveryState
 
 
 class Action(enum.Enum):
+    # Hashed by identity (members are singletons, and compare by identity): Enum's own
+    # __hash__, the name's hash computed in Python, cost 113 ns of each TRANSITIONS
+    # lookup (next_state 208 ns), and every claim makes one.
+    __hash__ = object.__hash__
+
     CLAIM = "claim"
     CHANGE_VISIBILITY = "change_visibility"
     RELEASE = "release"
