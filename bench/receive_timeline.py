@@ -49,7 +49,12 @@ import time
 from typing import Any
 
 import reports  # bench/reports.py: this script's directory is sys.path[0]
-from send_timeline import codec_stamper, open_lmdb_without_syncs  # bench/send_timeline.py
+from send_timeline import (  # bench/send_timeline.py
+    prepare_stamped_server,
+    run_stamped_server,
+    stamp_batches,
+    stamp_client_codecs,
+)
 
 QUEUE = "bench"
 MAX_MESSAGES = 10
@@ -70,32 +75,13 @@ CLIENT_STAMPS = ("started", "encoded", "decoded", "ended")
 
 def serve_with_stamps(out: pathlib.Path, no_sync: bool, argv: list[str]) -> None:
     """The server's side: `shardq serve` with stamps, written to `out` when it stops."""
-    from shardq.grpc_io import use_completion_queue_polling
-
-    use_completion_queue_polling()  # as the shardq command does
-
-    import grpc
-
-    if no_sync:
-        open_lmdb_without_syncs()
-
     stamps: dict[str, list[float]] = {name: [] for name in SERVER_STAMPS}
-    clock = time.perf_counter
-    build_handler = grpc.unary_unary_rpc_method_handler
-    stamping = codec_stamper(stamps)
-
     # Every unary method's codecs stamp; which stamps are a receive's is decided by its
     # handler's stamps (the last decode before it, the first encode after it).
-    def stamped_handler(behavior: Any, request_deserializer: Any = None, response_serializer: Any = None) -> Any:
-        return build_handler(
-            behavior,
-            request_deserializer=None if request_deserializer is None else stamping("decoded", request_deserializer),
-            response_serializer=None if response_serializer is None else stamping("encoded", response_serializer),
-        )
+    prepare_stamped_server(stamps, "unary_unary_rpc_method_handler", no_sync=no_sync)
+    clock = time.perf_counter
 
-    grpc.unary_unary_rpc_method_handler = stamped_handler
-
-    from shard_server.runtime import committing, hosting
+    from shard_server.runtime import hosting
     from shard_server.service import queues
 
     receive = queues.QueueServicer.ReceiveMessages
@@ -118,29 +104,8 @@ def serve_with_stamps(out: pathlib.Path, no_sync: bool, argv: list[str]) -> None
             stamps["claims_answered"].append(clock())
 
     hosting.HostedQueue._claim_now = stamped_claim_now  # type: ignore[method-assign]
-    begin = committing.GroupCommitter._begin
-    complete = committing.GroupCommitter._complete
-
-    def stamped_begin(self: Any, loop: Any, batch: Any, **options: Any) -> Any:
-        stamps["batch_begun"].append(clock())
-        return begin(self, loop, batch, **options)
-
-    def stamped_complete(self: Any, begun: Any) -> Any:
-        try:
-            return complete(self, begun)
-        finally:
-            stamps["commit_ended"].append(clock())
-
-    committing.GroupCommitter._begin = stamped_begin  # type: ignore[method-assign]
-    committing.GroupCommitter._complete = stamped_complete  # type: ignore[method-assign]
-
-    from shardq.cli import main as run_command
-
-    sys.argv = ["shardq", *argv]
-    try:
-        run_command()
-    finally:
-        out.write_text(json.dumps(stamps))
+    stamp_batches(stamps, begun="batch_begun", committed="commit_ended")
+    run_stamped_server(stamps, out, argv)
 
 
 async def receive_with_stamps(endpoint: str, callers: int, rounds: int) -> dict[str, Any]:
@@ -149,7 +114,7 @@ async def receive_with_stamps(endpoint: str, callers: int, rounds: int) -> dict[
     import latency  # bench/latency.py: only the client's side needs it (and gRPC's set-up)
 
     from shardq import aio
-    from shardq.api.v1 import queue_pb2, queue_pb2_grpc
+    from shardq.api.v1 import queue_pb2
 
     stamps: dict[str, list[float]] = {name: [] for name in CLIENT_STAMPS}
     claimed: list[int] = []
@@ -165,24 +130,7 @@ async def receive_with_stamps(endpoint: str, callers: int, rounds: int) -> dict[
         finally:
             stamps["ended"].append(clock())
 
-    make_stub = queue_pb2_grpc.QueueServiceStub.__init__
-
-    def stamped_stub(self: Any, channel: Any) -> None:
-        make_stub(self, channel)
-
-        def encode(message: Any) -> bytes:
-            stamps["encoded"].append(clock())
-            return bytes(message.SerializeToString())
-
-        def decode(data: bytes) -> Any:
-            stamps["decoded"].append(clock())
-            return queue_pb2.ReceiveMessagesResponse.FromString(data)
-
-        self.ReceiveMessages = channel.unary_unary(
-            "/shardq.v1.QueueService/ReceiveMessages", request_serializer=encode, response_deserializer=decode
-        )
-
-    queue_pb2_grpc.QueueServiceStub.__init__ = stamped_stub  # type: ignore[method-assign]
+    stamp_client_codecs(stamps, "ReceiveMessages", "unary_unary", queue_pb2.ReceiveMessagesResponse)
     calls = callers * (WARM_UP_ROUNDS + rounds)
     async with aio.AsyncClient(endpoint) as client:
         await latency.fill(client, QUEUE, b"x" * PAYLOAD_BYTES, MAX_MESSAGES * calls)

@@ -77,8 +77,11 @@ def codec_stamper(stamps: dict[str, list[float]]) -> Callable[[str, Any], Any]:
     return stamping
 
 
-def serve_with_stamps(out: pathlib.Path, no_sync: bool, argv: list[str]) -> None:
-    """The server's side: `shardq serve` with stamps, written to `out` when it stops."""
+def prepare_stamped_server(stamps: dict[str, list[float]], handler_builder: str, *, no_sync: bool) -> None:
+    """A stamped server process's set-up, before anything else imports gRPC: gRPC's I/O as
+    the shardq command has it, LMDB without syncs if asked, and the codecs of every
+    handler `grpc.<handler_builder>` builds (e.g. "unary_unary_rpc_method_handler")
+    stamping `decoded` and `encoded`."""
     from shardq.grpc_io import use_completion_queue_polling
 
     use_completion_queue_polling()  # as the shardq command does
@@ -87,10 +90,7 @@ def serve_with_stamps(out: pathlib.Path, no_sync: bool, argv: list[str]) -> None
 
     if no_sync:
         open_lmdb_without_syncs()
-
-    stamps: dict[str, list[float]] = {name: [] for name in SERVER_STAMPS}
-    clock = time.perf_counter
-    build_handler = grpc.stream_stream_rpc_method_handler
+    build_handler = getattr(grpc, handler_builder)
     stamping = codec_stamper(stamps)
 
     def stamped_handler(behavior: Any, request_deserializer: Any = None, response_serializer: Any = None) -> Any:
@@ -100,9 +100,49 @@ def serve_with_stamps(out: pathlib.Path, no_sync: bool, argv: list[str]) -> None
             response_serializer=None if response_serializer is None else stamping("encoded", response_serializer),
         )
 
-    grpc.stream_stream_rpc_method_handler = stamped_handler
+    setattr(grpc, handler_builder, stamped_handler)
 
+
+def stamp_batches(stamps: dict[str, list[float]], *, begun: str, committed: str) -> None:
+    """Every shard's batches stamp `begun` as their transaction starts (GroupCommitter._begin)
+    and `committed` once LMDB's commit returns (GroupCommitter._complete)."""
     from shard_server.runtime import committing
+
+    clock = time.perf_counter
+    begin = committing.GroupCommitter._begin
+    complete = committing.GroupCommitter._complete
+
+    def stamped_begin(self: Any, loop: Any, batch: Any, **options: Any) -> Any:
+        stamps[begun].append(clock())
+        return begin(self, loop, batch, **options)
+
+    def stamped_complete(self: Any, started: Any) -> Any:
+        try:
+            return complete(self, started)
+        finally:
+            stamps[committed].append(clock())
+
+    committing.GroupCommitter._begin = stamped_begin  # type: ignore[method-assign]
+    committing.GroupCommitter._complete = stamped_complete  # type: ignore[method-assign]
+
+
+def run_stamped_server(stamps: dict[str, list[float]], out: pathlib.Path, argv: list[str]) -> None:
+    """`shardq serve` (`argv`) in this process; `stamps` written to `out` when it stops."""
+    from shardq.cli import main as run_command
+
+    sys.argv = ["shardq", *argv]
+    try:
+        run_command()
+    finally:
+        out.write_text(json.dumps(stamps))
+
+
+def serve_with_stamps(out: pathlib.Path, no_sync: bool, argv: list[str]) -> None:
+    """The server's side: `shardq serve` with stamps, written to `out` when it stops."""
+    stamps: dict[str, list[float]] = {name: [] for name in SERVER_STAMPS}
+    prepare_stamped_server(stamps, "stream_stream_rpc_method_handler", no_sync=no_sync)
+    clock = time.perf_counter
+
     from shard_server.service import queues
 
     send = queues.QueueServicer._send
@@ -115,21 +155,7 @@ def serve_with_stamps(out: pathlib.Path, no_sync: bool, argv: list[str]) -> None
             stamps["handler_ended"].append(clock())
 
     queues.QueueServicer._send = stamped_send  # type: ignore[method-assign]
-    begin = committing.GroupCommitter._begin
-    complete = committing.GroupCommitter._complete
-
-    def stamped_begin(self: Any, loop: Any, batch: Any, **options: Any) -> Any:
-        stamps["commit_started"].append(clock())
-        return begin(self, loop, batch, **options)
-
-    def stamped_complete(self: Any, begun: Any) -> Any:
-        try:
-            return complete(self, begun)
-        finally:
-            stamps["commit_ended"].append(clock())
-
-    committing.GroupCommitter._begin = stamped_begin  # type: ignore[method-assign]
-    committing.GroupCommitter._complete = stamped_complete  # type: ignore[method-assign]
+    stamp_batches(stamps, begun="commit_started", committed="commit_ended")
 
     from shard_server.storage.commit_ahead import CommitAheadFile
 
@@ -140,31 +166,16 @@ def serve_with_stamps(out: pathlib.Path, no_sync: bool, argv: list[str]) -> None
         stamps["written_ahead"].append(clock())
 
     CommitAheadFile.write = stamped_write_ahead  # type: ignore[method-assign]
-
-    from shardq.cli import main as run_command
-
-    sys.argv = ["shardq", *argv]
-    try:
-        run_command()
-    finally:
-        out.write_text(json.dumps(stamps))
+    run_stamped_server(stamps, out, argv)
 
 
-async def send_with_stamps(endpoint: str, sends: int) -> dict[str, list[float]]:
-    """The client's side: `sends` single sends over the producer stream, one at a time."""
-    from shardq import aio
-    from shardq.api.v1 import queue_pb2, queue_pb2_grpc
+def stamp_client_codecs(stamps: dict[str, list[float]], method: str, kind: str, response: Any) -> None:
+    """QueueService stubs made from now on stamp `encoded` and `decoded` around `method`'s
+    codecs (`kind`: the channel's method builder, e.g. "unary_unary"; `response`: the
+    method's response message class)."""
+    from shardq.api.v1 import queue_pb2_grpc
 
-    stamps: dict[str, list[float]] = {"called": [], "handed_to_grpc": [], "encoded": [], "decoded": [], "returned": []}
     clock = time.perf_counter
-    iterate = aio.ProducerStream._request_iterator
-
-    async def stamped_iterator(self: Any) -> Any:
-        async for request in iterate(self):
-            stamps["handed_to_grpc"].append(clock())
-            yield request
-
-    aio.ProducerStream._request_iterator = stamped_iterator  # type: ignore[method-assign]
     make_stub = queue_pb2_grpc.QueueServiceStub.__init__
 
     def stamped_stub(self: Any, channel: Any) -> None:
@@ -176,13 +187,34 @@ async def send_with_stamps(endpoint: str, sends: int) -> dict[str, list[float]]:
 
         def decode(data: bytes) -> Any:
             stamps["decoded"].append(clock())
-            return queue_pb2.SendStreamResponse.FromString(data)
+            return response.FromString(data)
 
-        self.SendStream = channel.stream_stream(
-            "/shardq.v1.QueueService/SendStream", request_serializer=encode, response_deserializer=decode
+        build = getattr(channel, kind)
+        setattr(
+            self,
+            method,
+            build(f"/shardq.v1.QueueService/{method}", request_serializer=encode, response_deserializer=decode),
         )
 
     queue_pb2_grpc.QueueServiceStub.__init__ = stamped_stub  # type: ignore[method-assign]
+
+
+async def send_with_stamps(endpoint: str, sends: int) -> dict[str, list[float]]:
+    """The client's side: `sends` single sends over the producer stream, one at a time."""
+    from shardq import aio
+    from shardq.api.v1 import queue_pb2
+
+    stamps: dict[str, list[float]] = {"called": [], "handed_to_grpc": [], "encoded": [], "decoded": [], "returned": []}
+    clock = time.perf_counter
+    iterate = aio.ProducerStream._request_iterator
+
+    async def stamped_iterator(self: Any) -> Any:
+        async for request in iterate(self):
+            stamps["handed_to_grpc"].append(clock())
+            yield request
+
+    aio.ProducerStream._request_iterator = stamped_iterator  # type: ignore[method-assign]
+    stamp_client_codecs(stamps, "SendStream", "stream_stream", queue_pb2.SendStreamResponse)
     async with aio.AsyncClient(endpoint) as client:
         for _ in range(WARM_UP_SENDS):
             await client.send("bench", b"x" * 256)
