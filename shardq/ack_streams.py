@@ -4,7 +4,7 @@ and leader (granted no credits, so nothing is ever pushed to it), opened on firs
 Why a stream: in grpc.aio a unary call is a new call at both ends. The server learns of
 it, reads its request and sends its answer in three steps, each handed from gRPC's
 polling thread to the event loop; on an open stream a request is one message each way.
-Stamped along four workers' deletes (README, Latency): 343 µs p50 from the client
+Stamped along four workers' deletes (bench/LATENCY.md): 343 µs p50 from the client
 handing a unary delete to gRPC to the server's handler starting, 168 µs back, around a
 handler of 287 µs. One caller's delete took 1.06 ms p50 unary and 0.73 ms on a stream.
 

@@ -679,7 +679,7 @@ class AsyncClient:
         out at once, and calls made while one is in flight go out together once it is
         answered. Four workers each deleting one message at a time sent four requests,
         each a batch of its own on the server; now those made while one is in flight
-        share the next (README, Latency)."""
+        share the next (bench/LATENCY.md)."""
 
         async def call(address: str, chunk: list[str]) -> list[EntryResult]:
             if not chunk or len(chunk) > MAX_ACK_BATCH:  # the server validates and refuses it
@@ -926,7 +926,7 @@ class ConsumerStream:
     the deletes of every stream and caller of one client share requests, where each
     stream's own went alone (four workers on streams of their own deleted one message
     at a time in 1.43 ms p50, in two commits a round, against 0.67 ms for one worker:
-    README, Latency), and a receipt stays good for a delete after its stream ended.
+    bench/LATENCY.md), and a receipt stays good for a delete after its stream ended.
     """
 
     def __init__(

@@ -17,8 +17,8 @@ Without this, a few callers each keeping one call in flight split into groups
 that took turns: the first to call again went out alone, the rest in a second
 batch right behind it, and on the server each group's commit (and fsync) waited
 for the other's. Four callers sending single messages over one producer stream
-waited 1.75 ms p50 per send where one caller waited 1.1; now 1.2 (README, latency
-section). Full batches still go out up to max_in_flight at once, so a bulk send
+waited 1.75 ms p50 per send where one caller waited 1.1; now 1.2 (bench/LATENCY.md).
+Full batches still go out up to max_in_flight at once, so a bulk send
 keeps its pipeline.
 
 A server may refuse a whole request for what only some of its calls hold: one caller's

@@ -157,7 +157,7 @@ async def run_consumer(
     free worker (default: four per worker, as Celery's prefetch multiplier, and at
     least 10). Each claim, push and credit grant costs the server a commit or a frame,
     so fast handlers go faster with more (four workers: 2,800 msg/s with 10, 2,900 with
-    16, 3,300 with 40; README, Latency). Claims still waiting a third of the
+    16, 3,300 with 40; bench/LATENCY.md). Claims still waiting a third of the
     visibility timeout in are extended like a running handler's, so none expires
     while queued here. Lower it when several consumers share a queue of slow
     messages, so that one does not hoard what the others could be handling.
@@ -254,7 +254,7 @@ async def run_consumer(
             # the same loop turn as the answer: the workers that answer woke then share one
             # acknowledgement frame (and one commit) for their next messages. A dispatcher
             # starting a task per message took several loop turns to do so, and split four
-            # workers' deletes into frames of one and three (README, Latency).
+            # workers' deletes into frames of one and three (bench/LATENCY.md).
             worker = asyncio.current_task()
             assert worker is not None
             while True:

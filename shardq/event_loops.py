@@ -5,7 +5,7 @@ each unary call takes several event-loop turns on both ends, and grpc.aio wakes 
 from its poller thread through a socket pair. On the 2-core machines this project is
 measured on, a bare gRPC health check took 0.66 ms p50 with asyncio's loop on both ends
 and 0.46 ms with uvloop on both (server CPU per call 400 -> 280 µs, client 310 -> 220 µs);
-see the README's latency section. uvloop is a dependency wherever it builds (CPython,
+see bench/LATENCY.md. uvloop is a dependency wherever it builds (CPython,
 not Windows); `asyncio` stays selectable, and `auto` falls back to it when uvloop is missing.
 """
 

@@ -8,7 +8,7 @@ EventEngine's TCP client and listener switched off (two gRPC experiments) the po
 thread reads and writes the socket itself, one thread hand-off fewer each way. On the
 2-core VMs this project is measured on, a bare grpc.aio stream round trip went from
 0.37 to 0.245 ms p50, and a durable send over shardq's producer stream from 1.77 to
-1.55 ms (README, latency section: 19 of 20 cells faster, server CPU per call lower in
+1.55 ms (bench/LATENCY.md: 19 of 20 cells faster, server CPU per call lower in
 all 20). At saturation the first check found sends 9-14% faster and the consumer-stream
 drain 8% slower; a recheck of six alternating pairs found every saturated phase within
 the pairs' spread (drain -1%, server CPU per message unchanged).

@@ -5,7 +5,7 @@ stream per leader (the endpoint's when the client does not route directly), as t
 Why: as for deletes (shardq.ack_streams), a unary call in grpc.aio is a new call at
 both ends, and on an open stream a request is one message each way. One caller's send
 took 1.15 ms p50 unary and 0.94 ms over the producer stream, four callers' sends made
-3,118 and 4,193 calls/s (README, Latency).
+3,118 and 4,193 calls/s (bench/LATENCY.md).
 
 What a caller sees is what a unary SendMessages gave it:
 - results per message; a request the server refuses whole (INVALID_ARGUMENT,

@@ -20,7 +20,7 @@ at the end of the loop turn in which its first request arrived (so the requests
 of that turn share it). A lone request then pays no thread hand-off either way:
 handing work to the writer and its answer back cost two thread wake-ups, a GIL
 hand-over and two event-loop turns, ~75 µs measured, a quarter of a quiet
-commit's fsync (README, Latency). Under load (requests that queued during a
+commit's fsync (bench/LATENCY.md). Under load (requests that queued during a
 commit, a batch starting sooner after one on the loop than that one took, other
 calls in progress, several shards written in one turn) batches go to the writer,
 so the event loop keeps serving while fsyncs run; batches that answer before
@@ -429,7 +429,7 @@ class GroupCommitter:
             # are answered once decided) has no answer for the write ahead to hasten, while
             # the requests queued behind it (a worker's first delete after its receive) wait
             # for the writer: a 40-message claim batch held it 1.43 ms not written ahead
-            # against 1.77 ms written ahead (README, Latency). Not written ahead, LMDB's
+            # against 1.77 ms written ahead (bench/LATENCY.md). Not written ahead, LMDB's
             # commit syncs its meta page itself (ShardEnvironment.sync_if_committed), so the
             # batch is as durable when the commit returns, and the records of the batches
             # after it still chain on recovery.
@@ -453,7 +453,7 @@ class GroupCommitter:
         requests that queued meanwhile (for this shard, or other shards' batches sharing
         the thread) get their turn, and the wake-up that hands the answers over early is
         CPU a saturated server lacks: saturation fell 5-13% with every batch written
-        ahead (README, Latency). Large batches come from load, when clients fold their
+        ahead (bench/LATENCY.md). Large batches come from load, when clients fold their
         calls: answered sooner, they fold less, and pay more CPU per message."""
         if entry_bytes > WRITE_AHEAD_MAX_BYTES:
             return False

@@ -8,7 +8,7 @@ answer. Measured here, a bare gRPC call on gRPC's default I/O took 0.36-0.40 ms
 with every CPU kept busy by an idle-priority loop and 0.77-0.86 ms without; on the
 completion-queue I/O shardq's servers use, 0.33-0.35 against 0.44-0.46 ms. With
 shardq's calls the p50 gain ran from nothing to a quarter, and p99 mostly got worse:
-a thread woken where a spinner runs sometimes waits for it (README, Latency).
+a thread woken where a spinner runs sometimes waits for it (bench/LATENCY.md).
 
 With idle polling on, the server starts one spinner process per CPU it may run
 on. A spinner runs at SCHED_IDLE, the lowest priority Linux has: any other

@@ -3,7 +3,7 @@
 LMDB makes a write transaction durable in two synchronous steps: its dirty pages, which
 lie wherever its free list had room (one write request each), then its meta page through
 an O_DSYNC descriptor; ~450-550 µs on this kind of disk for one send's transaction, most
-of a lone send's answer (README, Latency). A standalone shard instead writes the batch's
+of a lone send's answer (bench/LATENCY.md). A standalone shard instead writes the batch's
 log entry here, in one O_DSYNC write into a file already written with zeros (~170 µs),
 answers, and then commits to LMDB without the meta page's sync (LMDB's MDB_NOMETASYNC:
 its pages are still synced, so the disk does two synchronous writes per batch, as before).

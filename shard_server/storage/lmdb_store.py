@@ -75,8 +75,8 @@ def let_lmdb_calls_release_the_gil() -> None:
     """Ask py-lmdb to release the GIL in every call (process-wide), not only in `commit()`.
 
     py-lmdb 3 releases the GIL inside `commit()`, fsync included, even unasked:
-    during a 200 ms commit another Python thread kept running (README, latency
-    section). This asks the same of its other calls (gets, puts, cursors). One
+    during a 200 ms commit another Python thread kept running (bench/LATENCY.md).
+    This asks the same of its other calls (gets, puts, cursors). One
     writer thread gained nothing from it (measured); several writer threads may
     need it for their LMDB work to overlap.
     """

@@ -1,6 +1,6 @@
 """`shardq serve` runs gRPC with socket I/O on the completion-queue thread (one thread
 hand-off fewer per message each way than gRPC's EventEngine default; see
-shardq/grpc_io.py and the README's latency section), says so when it starts, and keeps
+shardq/grpc_io.py and bench/LATENCY.md), says so when it starts, and keeps
 gRPC's default when the user set GRPC_EXPERIMENTS, even to nothing. Either way it
 serves: a send and a receive round trip."""
 
