@@ -23,11 +23,13 @@ log = logging.getLogger(__name__)
 # The server's limits on receipts in one call, and on a release's reason.
 MAX_RECEIPTS_PER_CALL = 1_000
 MAX_RELEASE_REASON_CHARS = 1_024
-# run_consumer's default prefetch: this many messages per worker, and at least
-# DEFAULT_MIN_PREFETCH (as much as one receive takes), so that even one worker's credits
-# go back five at a time rather than each message on its own.
-PREFETCH_PER_WORKER = 4
-DEFAULT_MIN_PREFETCH = 10
+# run_consumer's default prefetch: this many messages per worker, as much as one receive
+# takes, so that a worker holds no more claims than one receiving ten at a time would. With
+# four per worker (the earlier default, Celery's multiplier) four workers cycled in 1.34 ms
+# p50 and eight in 1.44; with ten, 1.04 and 1.14, and the server spent 11-15% less CPU a
+# message: credits come back in halves, so the stream's claims are larger and fewer
+# (bench/LATENCY.md, the twenty-second change).
+PREFETCH_PER_WORKER = 10
 
 Handler = Callable[[ReceivedMessage], Awaitable[None] | None]
 
@@ -154,18 +156,18 @@ async def run_consumer(
     by default the queue's own visibility timeout, as a receive without one does.
 
     `prefetch` is the stream's credits: how many claimed messages may wait here for a
-    free worker (default: four per worker, as Celery's prefetch multiplier, and at
-    least 10). Each claim, push and credit grant costs the server a commit or a frame,
-    so fast handlers go faster with more (four workers: 2,800 msg/s with 10, 2,900 with
-    16, 3,300 with 40; bench/LATENCY.md). Claims still waiting a third of the
-    visibility timeout in are extended like a running handler's, so none expires
-    while queued here. Lower it when several consumers share a queue of slow
-    messages, so that one does not hoard what the others could be handling.
+    free worker (default: ten per worker, what a worker receiving ten at a time holds).
+    Each claim, push and credit grant costs the server a commit or a frame, so fast
+    handlers go faster with more (four workers: 2,880 msg/s with 16, 3,262 with 40;
+    bench/LATENCY.md). Claims still waiting a third of the visibility timeout in are
+    extended like a running handler's, so none expires while queued here. Lower it
+    when several consumers share a queue of slow messages, so that one does not hoard
+    what the others could be handling.
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
     if prefetch is None:
-        prefetch = max(PREFETCH_PER_WORKER * concurrency, DEFAULT_MIN_PREFETCH)
+        prefetch = PREFETCH_PER_WORKER * concurrency
     if prefetch < 1:
         raise ValueError(f"prefetch must be at least 1, got {prefetch}")
     stop = stop or asyncio.Event()

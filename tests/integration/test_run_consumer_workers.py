@@ -81,6 +81,35 @@ def test_max_messages_handles_that_many_and_gives_the_prefetch_back(server_facto
     assert visible == 15
 
 
+def test_the_default_prefetch_is_ten_claims_per_worker(server_factory: ServerFactory) -> None:
+    """Two workers, both held in their handlers: the stream holds twenty claims, what two
+    workers receiving ten at a time would, and asks for no more until half are taken."""
+    server = server_factory(SPEC)
+    release = asyncio.Event()
+
+    async def handler(message: ReceivedMessage) -> None:
+        await release.wait()
+
+    async def scenario() -> tuple[int, ConsumerStats]:
+        async with AsyncClient(server.endpoint) as client:
+            await send(client, 60)
+            stop = asyncio.Event()
+            consumer = asyncio.create_task(
+                run_consumer(client, QUEUE, handler, concurrency=2, stop=stop, handle_signals=False)
+            )
+            deadline = time.monotonic() + 10
+            while (claimed := (await client.attributes(QUEUE)).in_flight) < 20:
+                assert time.monotonic() < deadline, f"two workers' stream claimed {claimed}, not 20"
+                await asyncio.sleep(0.01)
+            stop.set()
+            release.set()
+            return claimed, await asyncio.wait_for(consumer, 60)
+
+    claimed, stats = asyncio.run(scenario())
+    assert claimed == 20
+    assert (stats.handled, stats.failed) == (2, 0)
+
+
 async def competitor_takes(client: AsyncClient, until: asyncio.Event) -> list[bytes]:
     """What another consumer manages to claim (for a minute) while `until` is unset."""
     taken: list[bytes] = []
