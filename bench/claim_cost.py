@@ -80,12 +80,11 @@ def fill(environment: ShardEnvironment, context: ShardContext, messages: int, pa
     return sent_at
 
 
-# The layouts the floor packs by hand; check_floor_claims reads what it wrote back through
-# shardq's codecs, so a layout that drifted stops the run instead of timing other bytes.
+# The codecs' layouts the floor packs by hand (keys.py's key layouts are public and used as
+# they are); check_floor_claims reads what it wrote back through shardq's codecs, so a
+# layout that drifted stops the run instead of timing other bytes.
 _DELIVERY = struct.Struct(">BIqqqqQQ")  # state, receive count, sent, visible, first, last, epoch, token
 _CHANGED_HEAD = struct.Struct(">BBQH")  # tag, kind, seq, reason length
-_INDEX_KEY = struct.Struct(">QQ")  # visible at, seq
-_SEQ_KEY = struct.Struct(">Q")
 _RECORD_HEAD_BYTES = 28  # seq, sent at, four lengths, body length: the body follows (no group, dedup, attributes)
 _CLAIMED = int(DeliveryState.CLAIMED)
 _RECEIVED = int(ChangeKind.RECEIVED)
@@ -103,18 +102,19 @@ def floor_claims(
     txn = tx.txn
     deliveries, index, messages = dbs[keys.DB_DELIVERY], dbs[keys.DB_INDEX], dbs[keys.DB_MESSAGES]
     get, put = txn.get, txn.put
+    index_key, seq_key_of = keys.PAIR, keys.U64  # (visible at, seq) and seq
     visible_at = now_ms + VISIBILITY_TIMEOUT_MS
     cursor = txn.cursor(db=index)
     claimed: list[tuple[int, bytes]] = []
     events: list[bytes] = []
     while len(claimed) < size and cursor.first():
-        seq = _INDEX_KEY.unpack(cursor.key())[1]
-        seq_key = _SEQ_KEY.pack(seq)
+        seq = index_key.unpack(cursor.key())[1]
+        seq_key = seq_key_of.pack(seq)
         _, count, sent_at, _, first, _, _, token = _DELIVERY.unpack(get(seq_key, None, deliveries))
         delivery = _DELIVERY.pack(_CLAIMED, count + 1, sent_at, visible_at, first or now_ms, now_ms, epoch, token + 1)
         put(seq_key, delivery, False, True, False, deliveries)
         cursor.delete()
-        put(_INDEX_KEY.pack(visible_at, seq), _INDEX_CLAIMED, False, True, False, index)
+        put(index_key.pack(visible_at, seq), _INDEX_CLAIMED, False, True, False, index)
         events.append(_CHANGED_HEAD.pack(codecs.TAG_CHANGED, _RECEIVED, seq, 0) + delivery)
         claimed.append((seq, get(seq_key, None, messages)[_RECORD_HEAD_BYTES:]))
     # Into the transaction's journal, which the batch's log entry takes: the store's own
