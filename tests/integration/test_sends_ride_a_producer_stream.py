@@ -112,7 +112,19 @@ def test_sends_carry_on_after_the_server_restarts_or_is_killed(server_factory: S
             oks = [result.ok for result in await client.send_messages(QUEUE, [Message(b"first")])]
             await asyncio.to_thread(server.restart)  # SIGTERM: the server ends the stream
             oks += [result.ok for result in await client.send_messages(QUEUE, [Message(b"after a restart")])]
+            streams = list(client._send_streams._pool._streams.values())
             await asyncio.to_thread(server.kill)  # the stream breaks; nothing answers now
+            # Once the client has seen it break. A send put on the stream before that rides
+            # a connection that is already gone, and the client cannot tell it from one cut
+            # off mid-call: OUTCOME_UNKNOWN, by design (as for deletes, in
+            # test_deletes_carry_on_after_the_server_restarts_or_is_killed). Found by a CI
+            # run in which the third send went out before the client had read the socket's
+            # close.
+            deadline = time.monotonic() + 10
+            while not all(stream.ended for stream in streams) and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
+            assert streams, "the sends before the kill rode no producer stream"
+            assert all(stream.ended for stream in streams), "the client never saw the stream break"
             # Back before the unary path's wait for a restarting server runs out.
             restart = threading.Timer(0.5, server.start)
             restart.start()
