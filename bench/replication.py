@@ -1,7 +1,7 @@
 """Replication benchmark: failover time, throughput by replica count, follower bootstrap time.
 
 Every part runs real `python -m shardq serve` processes in cluster mode (a cluster file,
-a LocalLeaseStore lease file, one data directory per server) on free 127.0.0.1 ports,
+a LocalLeaseStore lease directory, one data directory per server) on free 127.0.0.1 ports,
 records their PIDs and stops them by PID in `finally` blocks. Parts:
 
   failover    3 servers, 1 shard, replicas=3. Per trial: a producer sends continuously
@@ -174,7 +174,7 @@ class Cluster:
         root.mkdir(parents=True, exist_ok=True)
         self.servers = {s: ServerProcess(s, free_port(), root / s, root / f"{s}.log") for s in servers}
         self.cluster_file = root / CLUSTER_FILE
-        self.lease_path = root / "leases.lmdb"
+        self.lease_path = root / "leases"
         self.leases = LocalLeaseStore(self.lease_path)
         seed_cluster(
             self.cluster_file,

@@ -79,7 +79,7 @@ def load_queue_file(path: pathlib.Path) -> list[QueueConfig]:
 @click.option(
     "--lease-store",
     default=None,
-    help="cluster mode: the lease file shared by a local cluster's servers, or `kubernetes` for Lease objects",
+    help="cluster mode: the lease directory shared by a local cluster's servers, or `kubernetes` for Lease objects",
 )
 @click.option(
     "--kubeconfig",
@@ -257,9 +257,9 @@ def config_map_source(name: str, *, kubeconfig: pathlib.Path | None, namespace: 
 def open_lease_store(
     spec: str, *, kubeconfig: pathlib.Path | None, namespace: str | None, watch: bool
 ) -> Iterator[LeaseStore]:
-    """The lease store `spec` names: `kubernetes` (Lease objects) or a local lease file."""
+    """The lease store `spec` names: `kubernetes` (Lease objects) or a local lease directory."""
     if spec != KUBERNETES:
-        # Imported here: LMDB environments must be opened in the process that uses them.
+        # Imported here, as the Kubernetes store is below: each mode needs only its own.
         from shardq.coordination.local_leases import LocalLeaseStore
 
         with LocalLeaseStore(pathlib.Path(spec)) as local:

@@ -159,7 +159,7 @@ async def _run_demo(
         f"clients use {survivor} ({endpoint}); at {duration_s / 3:.0f}s the leader of shard 0 gets SIGKILLed",
         err=True,
     )
-    leases = LocalLeaseStore(data_dir / "leases.lmdb")
+    leases = LocalLeaseStore(data_dir / "leases")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

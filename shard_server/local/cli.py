@@ -13,9 +13,10 @@ from types import FrameType
 import click
 
 from shard_server.local.cluster_files import (
-    LEASE_STORE_FILE,
+    LMDB_LEASE_FILE,
     METRICS_PORT_OFFSET,
     build_cluster_file,
+    open_cluster_lease_store,
     parse_queue_argument,
     read_cluster_file,
     read_supervisor_record,
@@ -27,7 +28,6 @@ from shard_server.local.processes import is_cluster_server, process_is_alive, se
 from shard_server.local.statuses import build_cluster_status, cluster_status_to_json, format_cluster_status
 from shard_server.local.supervising import Supervisor, SupervisorSettings, read_shard_leases
 from shardq.coordination.cluster_map import CLUSTER_FILE, ClusterMap
-from shardq.coordination.local_leases import LocalLeaseStore
 from shardq.durations import parse_duration_ms
 
 DATA_DIR = click.Path(file_okay=False, path_type=pathlib.Path)
@@ -82,7 +82,15 @@ def up_command(
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
-    with LocalLeaseStore(data_dir / LEASE_STORE_FILE) as store:
+    try:
+        store, imported = open_cluster_lease_store(data_dir)
+    except ValueError as error:
+        raise click.ClickException(f"cannot open the cluster's leases: {error}") from None
+    if imported:
+        logging.getLogger("shard_server.local").info(
+            "imported %d shard leases, with their epochs, from %s", imported, data_dir / LMDB_LEASE_FILE
+        )
+    with store:
         supervisor = Supervisor(settings=SupervisorSettings(data_dir=data_dir), cluster=cluster, store=store)
 
         def print_endpoints() -> None:
@@ -111,7 +119,11 @@ def status_command(data_dir: pathlib.Path, as_json: bool) -> None:
         raise click.ClickException(str(error)) from None
     record = read_supervisor_record(data_dir)
     pids = {entry.pid for entry in record.servers.values()} if record is not None else set()
-    with LocalLeaseStore(data_dir / LEASE_STORE_FILE) as store:
+    try:
+        store, _ = open_cluster_lease_store(data_dir)
+    except ValueError as error:
+        raise click.ClickException(f"cannot open the cluster's leases: {error}") from None
+    with store:
         leases = read_shard_leases(store, cluster)
     reports = fetch_all_replica_status({server_id: entry.address for server_id, entry in cluster.servers.items()})
     status = build_cluster_status(

@@ -1,4 +1,5 @@
-"""The files a local cluster keeps in its data directory: the cluster map and the supervisor record.
+"""The files a local cluster keeps in its data directory: the cluster map, the supervisor
+record and the lease store.
 
 `cluster.json` is the cluster map (`shardq.coordination.cluster_map`, the one model every
 server reads); a local cluster's servers listen on consecutive loopback ports. The map is
@@ -24,9 +25,14 @@ from shardq.coordination.cluster_map import (
     read_cluster_map,
     write_cluster_map,
 )
+from shardq.coordination.local_leases import LocalLeaseStore, import_lmdb_leases
 
 SUPERVISOR_FILE = "supervisor.json"
-LEASE_STORE_FILE = "leases.lmdb"
+LEASE_STORE_DIR = "leases"
+# Where clusters made before the lock-free lease store kept their leases: imported once
+# (open_cluster_lease_store), then renamed with IMPORTED_SUFFIX.
+LMDB_LEASE_FILE = "leases.lmdb"
+IMPORTED_SUFFIX = ".imported"
 LOOPBACK = "127.0.0.1"
 # Metrics ports sit this far above gRPC ports (7601 → 9601), so both ranges are easy to read.
 METRICS_PORT_OFFSET = 2000
@@ -123,3 +129,18 @@ def write_json_atomically(path: pathlib.Path, data: Mapping[str, Any]) -> pathli
     scratch.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     os.replace(scratch, path)
     return path
+
+
+def open_cluster_lease_store(data_dir: pathlib.Path) -> tuple[LocalLeaseStore, int]:
+    """The cluster's lease store, and how many leases it imported from the LMDB lease file
+    of an older shardq (0 when there is none). Imported before any server starts, a shard
+    keeps its epoch: new leases at epoch 1 would hand out fencing tokens the servers'
+    data has already seen."""
+    store = LocalLeaseStore(data_dir / LEASE_STORE_DIR)
+    old_file = data_dir / LMDB_LEASE_FILE
+    if not old_file.is_file():
+        return store, 0
+    imported = import_lmdb_leases(old_file, store)
+    old_file.rename(old_file.with_name(old_file.name + IMPORTED_SUFFIX))
+    pathlib.Path(f"{old_file}-lock").unlink(missing_ok=True)
+    return store, imported

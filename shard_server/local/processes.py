@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from shard_server.local.cluster_files import LEASE_STORE_FILE
+from shard_server.local.cluster_files import LEASE_STORE_DIR
 from shard_server.runtime.readiness import READY_LINE
 from shardq.coordination.cluster_map import CLUSTER_FILE, ServerEntry
 
@@ -35,7 +35,7 @@ def build_server_command(*, data_dir: pathlib.Path, server: ServerEntry) -> list
         sys.executable, "-m", "shardq", "serve",
         "--cluster-file", str(data_dir / CLUSTER_FILE),
         "--server-id", server.server_id,
-        "--lease-store", str(data_dir / LEASE_STORE_FILE),
+        "--lease-store", str(data_dir / LEASE_STORE_DIR),
         "--data-dir", str(server_data_dir(data_dir, server.server_id)),
         "--port", str(server.port),
         "--metrics-port", str(server.metrics_port),

@@ -6,5 +6,6 @@ The pure core does no I/O and reads no clock (`now_ms` is a parameter):
 record and store interface), `fencing` (expiry, takeover, ISR rules), `takeovers`
 (which lease to take from whom, and when), `cluster_map` (the one cluster map and
 lease naming). Beside it, one module per store that does I/O: `kubernetes_leases`
-(coordination.k8s.io Leases, watched) and `local_leases` (one shared LMDB file).
+(coordination.k8s.io Leases, watched) and `local_leases` (one shared directory, written
+without a lock).
 """

@@ -22,6 +22,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from shard_server.local.cluster_files import LEASE_STORE_DIR
 from shard_server.local.processes import is_cluster_server, process_is_alive
 from shardq import Client, ShardqError
 from shardq.coordination.fencing import isr_of
@@ -99,7 +100,7 @@ class LocalCluster:
         return data
 
     def leases(self) -> dict[str, LeaseRecord]:
-        with LocalLeaseStore(self.data_dir / "leases.lmdb") as store:
+        with LocalLeaseStore(self.data_dir / LEASE_STORE_DIR) as store:
             return {lease.name: lease for lease in store.list("orders.")}
 
     def status(self) -> dict[str, Any]:
@@ -403,7 +404,7 @@ def test_a_queue_created_through_one_server_reaches_every_server_and_the_supervi
     placement = cluster.cluster_file()["placement"]["payments"]
     assert len(placement) == 2
     assert all(sorted(replicas) == ["s1", "s2", "s3"] for replicas in placement)
-    with LocalLeaseStore(cluster.data_dir / "leases.lmdb") as store:
+    with LocalLeaseStore(cluster.data_dir / LEASE_STORE_DIR) as store:
         leases = {lease.name: lease for lease in store.list("payments.")}
     assert {name: lease.holder for name, lease in leases.items()} == {
         f"payments.{index}": replicas[0] for index, replicas in enumerate(placement)
@@ -440,7 +441,7 @@ def test_a_queue_created_through_one_server_reaches_every_server_and_the_supervi
     os.kill(cluster.server_pid(victim), signal.SIGKILL)
 
     def failed_over() -> LeaseRecord | None:
-        with LocalLeaseStore(cluster.data_dir / "leases.lmdb") as store:
+        with LocalLeaseStore(cluster.data_dir / LEASE_STORE_DIR) as store:
             lease = store.get("payments.0")
         return lease if lease is not None and lease.holder != victim else None
 
@@ -474,7 +475,7 @@ def test_settings_changes_and_deletion_reach_every_server_and_a_recreated_queue_
     wait_for(every_server_sees_45s, timeout=15, what="the new visibility timeout on every server")
     assert cluster.cluster_file()["queues"][-1]["spec"] == {"shards": "1", "visibility_timeout": "45s"}
 
-    with LocalLeaseStore(cluster.data_dir / "leases.lmdb") as store:
+    with LocalLeaseStore(cluster.data_dir / LEASE_STORE_DIR) as store:
         epoch_before = store.get("audit.0")
     assert epoch_before is not None
     with Client(third) as client:
@@ -491,7 +492,7 @@ def test_settings_changes_and_deletion_reach_every_server_and_a_recreated_queue_
         client.create_queue("audit", {"shards": "1"})
         wait_for(lambda: every_server_lists(cluster, "audit", present=True), timeout=15, what="audit again")
         assert client.receive_messages("audit", max_messages=10, wait_time_ms=500) == []
-    with LocalLeaseStore(cluster.data_dir / "leases.lmdb") as store:
+    with LocalLeaseStore(cluster.data_dir / LEASE_STORE_DIR) as store:
         epoch_after = store.get("audit.0")
     assert epoch_after is not None
     assert epoch_after.transitions > epoch_before.transitions

@@ -84,8 +84,8 @@ class Cluster:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.leases: LeaseStore
         if kubernetes is None:
-            self.leases = self._local = LocalLeaseStore(root / "leases.lmdb")
-            self.lease_store_args = ["--lease-store", str(root / "leases.lmdb")]
+            self.leases = self._local = LocalLeaseStore(root / "leases")
+            self.lease_store_args = ["--lease-store", str(root / "leases")]
         else:
             self.leases = self._kubernetes = kubernetes.store()
             self.lease_store_args = [

@@ -13,12 +13,16 @@ import json
 import pathlib
 from collections import Counter
 
+import lmdb
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from shard_server.local.cluster_files import (
+    IMPORTED_SUFFIX,
+    LMDB_LEASE_FILE,
     build_cluster_file,
+    open_cluster_lease_store,
     parse_queue_argument,
     read_cluster_file,
     write_cluster_file,
@@ -146,7 +150,7 @@ class TestClusterFile:
 class TestLeaseCreation:
     def test_every_shard_gets_a_lease_held_by_its_placement_leader_in_epoch_1(self, tmp_path: pathlib.Path) -> None:
         cluster = three_server_cluster()
-        with LocalLeaseStore(tmp_path / "leases.lmdb") as store:
+        with LocalLeaseStore(tmp_path / "leases") as store:
             created = ensure_shard_leases(store, cluster, now_ms=T0)
             leases = read_shard_leases(store, cluster)
 
@@ -160,7 +164,7 @@ class TestLeaseCreation:
 
     def test_existing_leases_are_kept_with_their_epochs(self, tmp_path: pathlib.Path) -> None:
         cluster = three_server_cluster()
-        with LocalLeaseStore(tmp_path / "leases.lmdb") as store:
+        with LocalLeaseStore(tmp_path / "leases") as store:
             ensure_shard_leases(store, cluster, now_ms=T0)
             first = store.get("orders.0")
             assert first is not None
@@ -168,6 +172,36 @@ class TestLeaseCreation:
 
             assert ensure_shard_leases(store, cluster, now_ms=T0 + 2) == []
             assert store.get("orders.0") == moved
+
+    def test_an_older_clusters_lmdb_leases_are_imported_once_before_anything_else_reads_them(
+        self, tmp_path: pathlib.Path
+    ) -> None:
+        """A cluster made by an older shardq kept its leases in leases.lmdb: `up` must carry
+        their epochs over, or ensure_shard_leases would start every shard again at epoch 1."""
+        cluster = three_server_cluster()
+        old_file = tmp_path / LMDB_LEASE_FILE
+        environment = lmdb.open(str(old_file), subdir=False, max_dbs=0)
+        with environment.begin(write=True) as txn:
+            for index in range(4):
+                old = {"format": 1, "holder": "s2", "transitions": 5 + index, "annotations": {}, "version": 9}
+                old |= {"acquire_time_ms": T0, "renew_time_ms": T0, "duration_ms": DURATION_MS}
+                txn.put(f"orders.{index}".encode(), json.dumps(old).encode())
+        environment.close()
+
+        store, imported = open_cluster_lease_store(tmp_path)
+        with store:
+            assert imported == 4
+            assert ensure_shard_leases(store, cluster, now_ms=T0 + 1) == []
+            leases = read_shard_leases(store, cluster)
+        assert {name: (lease.holder, lease.transitions) for name, lease in leases.items()} == {
+            f"orders.{index}": ("s2", 5 + index) for index in range(4)
+        }
+        assert not old_file.exists()
+        assert (tmp_path / (LMDB_LEASE_FILE + IMPORTED_SUFFIX)).is_file()
+        again, imported_again = open_cluster_lease_store(tmp_path)
+        with again:
+            assert imported_again == 0
+            assert read_shard_leases(again, cluster) == leases
 
     def test_initial_lease_names_the_shard_as_servers_look_it_up(self) -> None:
         record = build_initial_lease(shard=ShardId("orders", 3), replicas=("s2", "s3"), now_ms=T0, duration_ms=1)

@@ -1,4 +1,4 @@
-"""Operator replicas and their leader Lease (a real LMDB lease file): one acts at a
+"""Operator replicas and their leader Lease (a real local lease store): one acts at a
 time; another takes over once the leader stops renewing; a deposed leader stops."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ DURATION_MS = 400
 
 @pytest.fixture
 def store(tmp_path: pathlib.Path) -> Iterator[LocalLeaseStore]:
-    with LocalLeaseStore(tmp_path / "leases.lmdb") as leases:
+    with LocalLeaseStore(tmp_path / "leases") as leases:
         yield leases
 
 
