@@ -20,10 +20,10 @@ from grpc_reflection.v1alpha import reflection
 from shard_server import metrics
 from shard_server.runtime.committing import CallsInProgress, wall_clock_ms
 from shard_server.runtime.forwarding import Router
-from shard_server.runtime.hosting import QueueHost
 from shard_server.runtime.idle_polling import IdlePolling, cpus_to_spin_on
 from shard_server.runtime.map_following import ClusterMapFile, ClusterMapFollower, MapSource
 from shard_server.runtime.queue_admin import QueueAdmin, runtime_configs
+from shard_server.runtime.queue_hosts import QueueHost
 from shard_server.runtime.readiness import announce_ready, report_ready_once_in_sync
 from shard_server.runtime.replication.peers import PeerChannels
 from shard_server.runtime.replication.replicas import Replicas

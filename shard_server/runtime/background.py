@@ -15,7 +15,9 @@ from shard_server.domain.context import ShardContext
 from shard_server.domain.messages import Delivery, NewMessage, format_message_id
 from shard_server.domain.validation import RESERVED_ATTRIBUTE_PREFIX
 from shard_server.runtime.committing import wall_clock_ms
-from shard_server.runtime.hosting import HostedQueue, HostedShard, QueueHost
+from shard_server.runtime.hosted_shards import HostedShard
+from shard_server.runtime.hosting import HostedQueue
+from shard_server.runtime.queue_hosts import QueueHost
 from shard_server.storage.lmdb_store import LmdbShardTransaction
 from shardq.errors import InvalidArgument
 from shardq.queues import QueueConfig

@@ -1,14 +1,13 @@
-"""The queues a server hosts: shards with their committers, long polling, routing.
+"""A queue a server hosts: its shards (runtime.hosted_shards), long polling, routing.
 
 HostedQueue turns queue-level requests into per-shard domain calls submitted to
 each shard's group committer, and wakes long-polling receivers when a commit
-may have made a message visible.
+may have made a message visible. QueueHost (runtime.queue_hosts) holds every queue.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import itertools
@@ -17,8 +16,7 @@ import pathlib
 import re
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Sequence
 
 from prometheus_client import Counter
 
@@ -29,26 +27,23 @@ from shard_server.domain.messages import Delivery, MessageRecord, NewMessage
 from shard_server.domain.receiving import ClaimedMessage
 from shard_server.domain.routing import choose_shard
 from shard_server.domain.sending import SendOutcome
-from shard_server.runtime.committing import CommitReport, GroupCommitter, Work, WriterThreads, wall_clock_ms
+from shard_server.runtime.committing import Work, WriterThreads, wall_clock_ms
 from shard_server.runtime.forwarding import LeaderCalls, Router
+from shard_server.runtime.hosted_shards import HostedShard
 from shard_server.storage import replica_log
-from shard_server.storage.closing_gate import EnvironmentClosed
 from shard_server.storage.lmdb_store import (
-    DEFAULT_MAP_SIZE,
     LmdbShardTransaction,
     ShardEnvironment,
     ShardStats,
 )
 from shardq.api.v1 import queue_pb2
-from shardq.coordination.cluster_map import ClusterMap
 from shardq.errors import InvalidArgument, NotLeader, QueueNotFound, Reason, ShardqError
-from shardq.queues import QueueConfig, check_queue_name
+from shardq.queues import QueueConfig
 from shardq.receipts import MalformedReceipt, Receipt, decode_receipt, encode_receipt
 
 log = logging.getLogger(__name__)
 
 _SHARD_DIR = re.compile(r"shard-(\d+)")
-LOAD_WINDOW_S = 5.0
 # How stale the depth of shards led elsewhere may be when max_depth is checked.
 REMOTE_DEPTH_REFRESH_S = 1.0
 # How often a waiting receiver in a cluster asks the other leaders again.
@@ -59,7 +54,7 @@ REMOTE_POLL_MS = 250
 # so a response holds at most 32 + 16 MiB (the largest message) plus envelopes.
 RECEIVE_BYTES_BUDGET = 32 * 1024 * 1024
 # Up to this many calls in progress, an unkeyed send joins a shard's batch still taking
-# requests rather than opening one on its round-robin shard (see QueueHost._send).
+# requests rather than opening one on its round-robin shard (see HostedQueue._send).
 JOIN_OPEN_BATCHES_UP_TO_CALLS = 8
 
 
@@ -81,185 +76,6 @@ class Received:
 
     def __len__(self) -> int:
         return len(self.local) + len(self.remote)
-
-
-class Leadership(Protocol):
-    """What a hosted shard asks its replica (runtime.replication) in cluster mode: whether
-    this server leads it, and when a write is committed on the in-sync replicas."""
-
-    @property
-    def commit_index(self) -> int: ...
-
-    @property
-    def replicas(self) -> Sequence[str]: ...
-
-    @property
-    def isr(self) -> frozenset[str]: ...
-
-    def is_serving(self) -> bool: ...
-
-    def require_serving(self) -> None:
-        """Raise NotLeader (naming the leader) unless this replica serves the shard."""
-
-    async def wait_committed(self, index: int, epoch: int) -> None: ...
-
-    async def readable_through(self, index: int) -> int:
-        """The last entry up to `index` a journal reader may see: committed."""
-
-    async def wait_known_committed(self, index: int) -> bool:
-        """Whether entry `index` is committed, waiting (bounded) for it."""
-
-    def note_local_commit(self, index: int) -> None: ...
-
-    def follower_lag(self) -> dict[str, int]: ...
-
-
-class HostedShard:
-    def __init__(
-        self,
-        queue: HostedQueue,
-        index: int,
-        environment: ShardEnvironment,
-        epoch: int,
-        *,
-        replicated: bool,
-        writers: WriterThreads,
-    ) -> None:
-        self.queue = queue
-        self.index = index
-        self.environment = environment
-        self.epoch = epoch
-        # Set in cluster mode: leadership from the shard's lease, and log shipping.
-        self.replica: Leadership | None = None
-        with environment.read() as tx:
-            self.last_written_index = tx.last_index()
-        self._load_window_started = time.monotonic()
-        self._load_requests = 0
-        self._load = 0.0
-        labels = (queue.config.name, str(index))
-        self.sent = metrics.SENT.labels(*labels)
-        self.duplicates = metrics.DUPLICATES.labels(*labels)
-        self.received = metrics.RECEIVED.labels(*labels)
-        self.redelivered = metrics.REDELIVERED.labels(*labels)
-        self.deleted = metrics.DELETED.labels(*labels)
-        self.released = metrics.RELEASED.labels(*labels)
-        self.expired = metrics.EXPIRED.labels(*labels)
-        self.dead_lettered = metrics.DEAD_LETTERED.labels(*labels, receiving.DEAD_LETTER_REASON_MAX_RECEIVES)
-        # Exported at 0 from the start, as every counter above: the refusals an alert watches
-        # must show as an increase (a series first scraped at 1 hides them from rate()).
-        metrics.SENDS_REFUSED.labels(*labels, Reason.QUEUE_FULL.value)
-        self._commits = metrics.COMMITS.labels(*labels)
-        self._commits_ahead = metrics.COMMITS_AHEAD.labels(*labels)
-        self._batch = metrics.COMMIT_BATCH.labels(*labels)
-        self._commit_seconds = metrics.COMMIT_SECONDS.labels(*labels)
-        self.bytes_in = metrics.BYTES_IN.labels(*labels)
-        self.bytes_out = metrics.BYTES_OUT.labels(*labels)
-        self.purged = metrics.PURGED.labels(*labels)
-        self.committer = GroupCommitter(
-            environment,
-            self.context,
-            thread=writers.assign(),
-            on_commit=self._on_commit,
-            replicated=self._wait_replicated if replicated else None,
-        )
-
-    def context(self) -> ShardContext:
-        return ShardContext(self.queue.config, self.index, self.epoch)
-
-    def is_local_leader(self) -> bool:
-        return self.replica is None or self.replica.is_serving()
-
-    def require_leader(self) -> None:
-        if self.replica is not None:
-            self.replica.require_serving()
-
-    async def _wait_replicated(self, index: int, epoch: int) -> None:
-        if self.replica is not None:
-            await self.replica.wait_committed(index, epoch)
-
-    def replace_environment(self, environment: ShardEnvironment) -> None:
-        self.environment = environment
-        # The swap ran through run_exclusive, which already forgot what counted as replicated.
-        self.committer.environment = environment
-        with environment.read() as tx:
-            self.last_written_index = tx.last_index()
-
-    def _on_commit(self, report: CommitReport) -> None:
-        if report.log_index:
-            self._commits.inc()
-            if report.written_ahead:
-                self._commits_ahead.inc()
-            self._batch.observe(report.requests)
-            self._commit_seconds.observe(report.seconds)
-            self.last_written_index = report.log_index
-            if self.replica is not None:
-                self.replica.note_local_commit(report.log_index)
-        self._count_load(report.requests)
-        self.queue.wake()
-
-    def _count_load(self, requests: int) -> None:
-        self._load_requests += requests
-        elapsed = time.monotonic() - self._load_window_started
-        if elapsed >= LOAD_WINDOW_S:
-            self._load = self._load_requests / elapsed
-            self._load_requests = 0
-            self._load_window_started = time.monotonic()
-
-    def load_per_second(self) -> float:
-        """Requests per second over the last load window (leadership moves use it)."""
-        if time.monotonic() - self._load_window_started > 2 * LOAD_WINDOW_S:
-            return 0.0
-        return self._load
-
-    def message_count(self) -> int:
-        with self.environment.read() as tx:
-            return tx.message_count()
-
-    def next_visible_at(self) -> int | None:
-        if self.committer.answered_uncommitted:
-            # A send answered before its LMDB commit (commit ahead) is not in read
-            # transactions yet: "now", so that a receive asks the writer, queued behind it.
-            return 0
-        with self.environment.read() as tx:
-            return tx.next_visible_at()
-
-    def stats(self) -> ShardStats:
-        return self.environment.stats(now_ms=wall_clock_ms())
-
-    def report(self) -> metrics.ShardReport:
-        """What this replica says about itself on /metrics (depth only where it leads)."""
-        leading = self.is_local_leader()
-        stats = None
-        if leading:
-            with contextlib.suppress(EnvironmentClosed):  # replaced or shutting down: no depth now
-                stats = self.stats()
-        replica = self.replica
-        if replica is None:
-            return metrics.ShardReport(
-                queue=self.queue.config.name,
-                shard=self.index,
-                leader=True,
-                epoch=self.epoch,
-                commit_index=self.last_written_index,
-                stats=stats,
-                replicas=1,
-            )
-        return metrics.ShardReport(
-            queue=self.queue.config.name,
-            shard=self.index,
-            leader=leading,
-            epoch=self.epoch,
-            commit_index=replica.commit_index,
-            stats=stats,
-            replicas=len(replica.replicas),
-            in_sync_replicas=len(replica.isr) if leading else None,
-            follower_lag=replica.follower_lag() if leading else {},
-        )
-
-    def count_rejections(self, reasons: Iterable[Reason | None]) -> None:
-        for reason in reasons:
-            if reason is not None:
-                metrics.REJECTED_RECEIPTS.labels(self.queue.config.name, str(self.index), reason.value).inc()
 
 
 class HostedQueue:
@@ -1011,108 +827,3 @@ def _refuse_orphaned_shards(config: QueueConfig, directory: pathlib.Path) -> Non
                 f"queue {config.name!r} has data in {child} but is configured with {config.shards} shards; "
                 "shard counts can grow but not shrink"
             )
-
-
-class QueueHost:
-    """Every queue this server hosts, opened from one data directory.
-
-    Standalone: `configs` are all hosted whole. Cluster mode (`cluster` given):
-    every queue of the cluster file is known, and the shards placed on
-    `server_id` are hosted here as replicas.
-    """
-
-    def __init__(
-        self,
-        data_dir: pathlib.Path,
-        configs: Iterable[QueueConfig],
-        *,
-        map_size: int = DEFAULT_MAP_SIZE,
-        writer_threads: int = 1,
-        commit_ahead: bool = True,
-        cluster: ClusterMap | None = None,
-        server_id: str = "",
-        router: Router | None = None,
-    ) -> None:
-        self.data_dir = data_dir
-        self.cluster = cluster
-        self.server_id = server_id
-        self.router = router
-        # What DescribeQueue names as every shard's leader when standalone; set
-        # by the server once bound.
-        self.advertised_address = ""
-        self.queues: dict[str, HostedQueue] = {}
-        self.map_size = map_size
-        self.writers = WriterThreads(writer_threads, commit_ahead=commit_ahead)
-        for config in configs:
-            if config.name in self.queues:
-                raise ValueError(f"queue {config.name!r} is configured twice")
-            local = None
-            if cluster is not None:
-                local = cluster.shards_on(server_id, config.name)
-            self.queues[config.name] = HostedQueue(
-                config,
-                data_dir / "queues" / config.name,
-                map_size=map_size,
-                writers=self.writers,
-                local_shards=local,
-                router=router,
-            )
-        for queue in self.queues.values():
-            dead_letter_queue = queue.config.dead_letter_queue
-            if dead_letter_queue and dead_letter_queue not in self.queues:
-                log.warning(
-                    "queue %s: dead-letter queue %s is not hosted here; dead letters stay pending until it is",
-                    queue.config.name,
-                    dead_letter_queue,
-                )
-
-    def open_queue(self, config: QueueConfig) -> HostedQueue:
-        """Host a queue created at run time: all its shards when standalone, the shards
-        the cluster map places here in cluster mode (set the new map first)."""
-        if config.name in self.queues:
-            raise ValueError(f"queue {config.name!r} is hosted already")
-        local = None if self.cluster is None else self.cluster.shards_on(self.server_id, config.name)
-        queue = HostedQueue(
-            config,
-            self.data_dir / "queues" / config.name,
-            map_size=self.map_size,
-            writers=self.writers,
-            local_shards=local,
-            router=self.router,
-        )
-        self.queues[config.name] = queue
-        return queue
-
-    def set_cluster(self, cluster: ClusterMap) -> None:
-        """Run with a new cluster map: routes and peers (new queues are opened apart)."""
-        self.cluster = cluster
-        if self.router is not None:
-            self.router.cluster = cluster
-
-    def get(self, name: str) -> HostedQueue:
-        queue = self.queues.get(name)
-        if queue is None:
-            check_queue_name(name)  # before echoing it back in an error
-            raise QueueNotFound(name)
-        return queue
-
-    def shard_stats_sources(self) -> list[tuple[str, int, HostedShard]]:
-        # A snapshot of the table first: the metrics thread calls this while queues
-        # may be created or deleted on the event loop.
-        queues = list(self.queues.values())
-        return [(queue.config.name, shard.index, shard) for queue in queues for shard in queue.shards]
-
-    def routes(self, queue: HostedQueue) -> list[tuple[int, str, int]]:
-        """(shard, leader address, epoch) for every shard of the queue."""
-        if self.router is None:
-            return [(shard.index, self.advertised_address, shard.epoch) for shard in queue.shards]
-        routes = []
-        for index in range(queue.config.shards):
-            leader, epoch = self.router.leader_of(queue.config.name, index)
-            routes.append((index, self.router.address_of(leader), epoch))
-        return routes
-
-    async def close(self) -> None:
-        for queue in self.queues.values():
-            await queue.close()
-        self.writers.shutdown()

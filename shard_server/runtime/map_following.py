@@ -25,7 +25,9 @@ import pathlib
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Protocol
 
-from shard_server.runtime.hosting import HostedQueue, HostedShard, QueueHost
+from shard_server.runtime.hosted_shards import HostedShard
+from shard_server.runtime.hosting import HostedQueue
+from shard_server.runtime.queue_hosts import QueueHost
 from shard_server.runtime.replication.replicas import Replicas
 from shardq.coordination.cluster_map import (
     ClusterMap,

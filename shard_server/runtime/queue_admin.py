@@ -21,8 +21,10 @@ import shutil
 from collections.abc import Callable, Mapping, Sequence
 
 from shard_server.runtime import background
-from shard_server.runtime.hosting import HostedQueue, HostedShard, QueueHost
+from shard_server.runtime.hosted_shards import HostedShard
+from shard_server.runtime.hosting import HostedQueue
 from shard_server.runtime.map_following import ClusterMapFile, ClusterMapFollower
+from shard_server.runtime.queue_hosts import QueueHost
 from shard_server.storage.queue_catalog import QueueCatalog
 from shardq.coordination.cluster_map import (
     ClusterMap,

@@ -20,7 +20,8 @@ import grpc
 from shard_server.domain.events import ChangeKind, DeliveryChanged, LogEntry, Purged, RemovalKind, Removed, Sent
 from shard_server.domain.messages import Delivery, DeliveryState, MessageRecord, format_message_id
 from shard_server.runtime.committing import wall_clock_ms
-from shard_server.runtime.hosting import HostedShard, QueueHost
+from shard_server.runtime.hosted_shards import HostedShard
+from shard_server.runtime.queue_hosts import QueueHost
 from shard_server.service.errors import abort_with
 from shardq.api.v1 import export_pb2, export_pb2_grpc
 from shardq.errors import InvalidArgument, ShardqError, Unavailable

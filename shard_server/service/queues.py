@@ -23,8 +23,9 @@ from shard_server.domain.validation import (
 from shard_server.runtime import background
 from shard_server.runtime.committing import wall_clock_ms
 from shard_server.runtime.forwarding import FORWARDED_HEADER
-from shard_server.runtime.hosting import HostedQueue, QueueHost
+from shard_server.runtime.hosting import HostedQueue
 from shard_server.runtime.queue_admin import QueueAdmin
+from shard_server.runtime.queue_hosts import QueueHost
 from shard_server.service.converting import (
     config_to_proto,
     entry_results_to_proto,

@@ -18,7 +18,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from shard_server.domain.messages import NewMessage
-from shard_server.runtime.hosting import HostedQueue, QueueHost
+from shard_server.runtime.hosting import HostedQueue
+from shard_server.runtime.queue_hosts import QueueHost
 from shardq.queues import QueueConfig
 
 ROUNDS = 20

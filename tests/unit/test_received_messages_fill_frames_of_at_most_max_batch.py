@@ -8,7 +8,8 @@ from typing import Any, cast
 
 from shard_server.domain.messages import Delivery, DeliveryState, MessageRecord
 from shard_server.domain.receiving import ClaimedMessage
-from shard_server.runtime.hosting import HostedShard, Received
+from shard_server.runtime.hosted_shards import HostedShard
+from shard_server.runtime.hosting import Received
 from shard_server.service.converting import received_frames, shared_received_to_proto
 from shardq.api.v1 import queue_pb2
 from shardq.receipts import Receipt, decode_receipt

@@ -8,7 +8,8 @@ import functools
 import grpc
 
 from shard_server.runtime.forwarding import Router
-from shard_server.runtime.hosting import HostedQueue, HostedShard
+from shard_server.runtime.hosted_shards import HostedShard
+from shard_server.runtime.hosting import HostedQueue
 from shard_server.runtime.replication.peers import PeerChannels
 from shard_server.runtime.replication.replica import ShardReplica
 from shardq.api.v1 import replication_pb2
