@@ -66,8 +66,9 @@ import dataplane  # bench/dataplane.py: this script's directory is sys.path[0]
 import reports
 
 from shardq import event_loops
-from shardq.aio import AsyncClient, ConsumerStream
+from shardq.aio import AsyncClient
 from shardq.consumer import run_consumer
+from shardq.consumer_streams import ConsumerStream
 from shardq.types import Message, ReceivedMessage
 
 MAX_SECONDS = 20.0

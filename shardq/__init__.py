@@ -14,9 +14,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from shardq.aio import AsyncClient, ConsumerStream
+    from shardq.aio import AsyncClient
     from shardq.client import Client
     from shardq.consumer import ConsumerStats, run_consumer
+    from shardq.consumer_streams import ConsumerStream
     from shardq.errors import (
         InvalidArgument,
         NotLeader,
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 # Each public name and the module that defines it.
 _HOMES = {
     "AsyncClient": "shardq.aio",
-    "ConsumerStream": "shardq.aio",
+    "ConsumerStream": "shardq.consumer_streams",
     "Client": "shardq.client",
     "ConsumerStats": "shardq.consumer",
     "run_consumer": "shardq.consumer",

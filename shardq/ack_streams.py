@@ -38,12 +38,17 @@ from shardq.status import entry_results_from_proto, error_from_stream
 from shardq.stream_pool import Stream, StreamPool
 from shardq.types import EntryResult
 
+# Receipts in one delete or release request (the server refuses more), and such requests
+# in flight at once per stream or batcher.
+MAX_ACK_BATCH = 1000
+MAX_ACKS_IN_FLIGHT = 2
+
 # As long as a unary delete's deadline (AsyncClient._routed).
 ANSWER_TIMEOUT_S = 30.0
 
 
 class AcknowledgementStream(Stream, Protocol):
-    """What this module needs of a consumer stream (aio.ConsumerStream)."""
+    """What this module needs of a consumer stream (consumer_streams.ConsumerStream)."""
 
     async def acknowledge_deletes(self, receipts: Sequence[str]) -> queue_pb2.AckResult: ...
 

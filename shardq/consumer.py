@@ -15,7 +15,8 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 
-from shardq.aio import AsyncClient, ConsumerStream
+from shardq.aio import AsyncClient
+from shardq.consumer_streams import ConsumerStream
 from shardq.errors import ShardqError
 from shardq.types import EntryResult, ReceivedMessage
 

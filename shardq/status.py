@@ -102,3 +102,19 @@ def error_from_stream(error: queue_pb2.StreamError, *, queue: str = "") -> Shard
 def entry_results_from_proto(results: Iterable[queue_pb2.EntryResult]) -> list[EntryResult]:
     """Per-item outcomes (deletes, releases, visibility changes) as the client returns them."""
     return [EntryResult(r.ok, r.error.reason, r.error.message) for r in results]
+
+
+def never_sent(error: grpc.RpcError) -> bool:
+    """Whether a call failed before reaching any server (so it changed nothing)."""
+    if error.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    details = error.details() or ""
+    return "failed to connect" in details or "Connection refused" in details
+
+
+def unknown_if_sent(error: grpc.RpcError, failure: ShardqError, what: str) -> ShardqError:
+    """`failure` (from `error`), or OutcomeUnknown when the connection failed with `what`
+    already sent: the server may have applied it, and UNAVAILABLE would say it did not."""
+    if isinstance(failure, Unavailable) and not never_sent(error):
+        return OutcomeUnknown(f"{what}, which may or may not have been applied ({failure.message})")
+    return failure

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from shardq import AsyncClient, Message
-from shardq.aio import MAX_ACK_BATCH
+from shardq.ack_streams import MAX_ACK_BATCH
 from shardq.types import ReceivedMessage
 from tests.integration.scraping import scraped_total
 from tests.support.servers import ServerFactory
