@@ -14,9 +14,10 @@ How compare-and-swap works without one:
 - Each lease is a directory named after it; each version of the lease is a file in it,
   named by its number and holding the whole record and a random nonce. A record's
   `version` is "<number>.<nonce>".
-- A writer going from version n writes the new record under a temporary name, fsyncs it,
-  and hard-links it to the name n + 1. link(2) fails when the name exists, so of the
-  writers going from n exactly one makes n + 1; the rest get LeaseConflict.
+- A writer going from version n checks that n is the version it read (the same nonce),
+  writes the new record under a temporary name, fsyncs it, and hard-links it to the name
+  n + 1. link(2) fails when the name exists, so of the writers going from n exactly one
+  makes n + 1; the rest get LeaseConflict.
 - A reader takes the highest number. A file is linked only once it is complete, so a
   reader never sees part of a record.
 - Old versions are removed, lowest first, keeping the last `KEEP_VERSIONS`. A writer
@@ -112,9 +113,13 @@ class LocalLeaseStore:
         if not record.version:
             raise ValueError(f"lease {record.name!r}: an update needs the version it was read at")
         directory = self.path / _checked_name(record.name)
-        if not _versions(directory):
-            raise LeaseConflict(f"lease {record.name!r} does not exist")
         number, nonce = _parse_version(record.name, record.version)
+        # Before linking too: a version this lease never had (read before its directory
+        # was made again) would otherwise link above the highest and be read as current.
+        if _nonce_of(directory, number) != nonce:
+            if not _versions(directory):
+                raise LeaseConflict(f"lease {record.name!r} does not exist")
+            raise LeaseConflict(f"lease {record.name!r} has no version {record.version}")
         updated = self._link(directory, record, number + 1)
         if updated is None:
             raise LeaseConflict(f"lease {record.name!r} changed since version {record.version}")

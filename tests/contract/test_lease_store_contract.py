@@ -13,6 +13,7 @@ import multiprocessing.synchronize
 import os
 import pathlib
 import random
+import shutil
 import signal
 import threading
 import time
@@ -239,6 +240,22 @@ class TestLocalLeaseStore(LeaseStoreContract):
             store.update(build_takeover(created, new_holder="server-2", now_ms=T0, duration_ms=DURATION_MS))
         assert store.get("orders-0") == current
         assert store.update(build_renewal(current, now_ms=T0 + 1_000)).renew_time_ms == T0 + 1_000
+
+    def test_a_record_read_before_the_directory_was_made_again_does_not_land(
+        self, path: pathlib.Path, store: LocalLeaseStore
+    ) -> None:
+        """Its version is past every version the new directory has: linked above them, it
+        would be read as the current lease."""
+        current = store.create(build_takeover(fresh(), new_holder="server-1", now_ms=T0, duration_ms=DURATION_MS))
+        for renewal in range(5):
+            current = store.update(build_renewal(current, now_ms=T0 + renewal + 1))
+        shutil.rmtree(path)
+        with LocalLeaseStore(path) as remade:
+            created = remade.create(build_takeover(fresh(), new_holder="server-2", now_ms=T0, duration_ms=DURATION_MS))
+
+            with pytest.raises(LeaseConflict):
+                remade.update(build_renewal(current, now_ms=T0 + 100))
+            assert remade.get("orders-0") == created
 
     def test_old_versions_are_removed(self, path: pathlib.Path, store: LocalLeaseStore) -> None:
         current = store.create(build_takeover(fresh(), new_holder="server-1", now_ms=T0, duration_ms=DURATION_MS))
