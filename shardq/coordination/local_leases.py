@@ -27,9 +27,9 @@ How compare-and-swap works without one:
   gone, the writer reports a conflict. What it linked sits below the highest number,
   where no reader looks, until the next clean-up removes it.
 - A writer stopped between its link and that check can come back to find n removed by
-  others' writes and report a conflict for a write that took: the same answer a caller
-  gets when its connection to the Kubernetes API drops after a write, and a lease holder
-  reads the lease again on a conflict.
+  others' writes and report a conflict for a write that took. A caller of the Kubernetes
+  store whose connection drops after its write is told of a failure in the same way, and
+  a lease holder reads the lease again after a conflict.
 
 Every write is on disk (the file and the directory entry fsynced) before the caller hears
 of it. A temporary file left by a process killed mid-write is removed by a later clean-up.
