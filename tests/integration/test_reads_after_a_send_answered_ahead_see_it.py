@@ -28,7 +28,7 @@ from typing import TypeVar
 import grpc
 import pytest
 
-from shard_server.runtime import hosting
+from shard_server.runtime import queue_hosts
 from shard_server.runtime.committing import WriterThreads
 from shard_server.runtime.hosting import HostedQueue
 from shard_server.server import ServerSettings, serve
@@ -62,7 +62,7 @@ def environments(monkeypatch: pytest.MonkeyPatch) -> list[HeldCommitEnvironment]
         return environment
 
     monkeypatch.setattr(HostedQueue, "open_environment", open_held)
-    monkeypatch.setattr(hosting, "WriterThreads", functools.partial(WriterThreads, commit_on_loop_when_idle=False))
+    monkeypatch.setattr(queue_hosts, "WriterThreads", functools.partial(WriterThreads, commit_on_loop_when_idle=False))
     return opened
 
 
