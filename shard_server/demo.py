@@ -27,6 +27,7 @@ import time
 
 import click
 
+from shard_server.local.cluster_files import LEASE_STORE_DIR
 from shardq import event_loops
 from shardq.aio import AsyncClient
 from shardq.consumer import ConsumerStats, run_consumer
@@ -159,7 +160,7 @@ async def _run_demo(
         f"clients use {survivor} ({endpoint}); at {duration_s / 3:.0f}s the leader of shard 0 gets SIGKILLed",
         err=True,
     )
-    leases = LocalLeaseStore(data_dir / "leases")
+    leases = LocalLeaseStore(data_dir / LEASE_STORE_DIR)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
