@@ -168,7 +168,10 @@ def import_lmdb_leases(lmdb_file: pathlib.Path, store: LocalLeaseStore) -> int:
     epochs and annotations carry over. A lease `store` already holds is kept, so an import
     cut short can run again. How many were copied."""
     copied = 0
-    environment = lmdb.open(str(lmdb_file), subdir=False, readonly=True, lock=False, max_dbs=0)
+    try:
+        environment = lmdb.open(str(lmdb_file), subdir=False, readonly=True, lock=False, max_dbs=0)
+    except lmdb.Error as error:
+        raise ValueError(f"cannot read the older lease file {lmdb_file}: {error}") from None
     try:
         with environment.begin() as txn:
             for key, value in txn.cursor():
