@@ -28,6 +28,7 @@ from shard_server.local.processes import is_cluster_server, process_is_alive, se
 from shard_server.local.statuses import build_cluster_status, cluster_status_to_json, format_cluster_status
 from shard_server.local.supervising import Supervisor, SupervisorSettings, read_shard_leases
 from shardq.coordination.cluster_map import CLUSTER_FILE, ClusterMap
+from shardq.coordination.local_leases import LocalLeaseStore
 from shardq.durations import parse_duration_ms
 
 DATA_DIR = click.Path(file_okay=False, path_type=pathlib.Path)
@@ -82,10 +83,7 @@ def up_command(
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
-    try:
-        store, imported = open_cluster_lease_store(data_dir)
-    except ValueError as error:
-        raise click.ClickException(f"cannot open the cluster's leases: {error}") from None
+    store, imported = _open_lease_store(data_dir)
     if imported:
         logging.getLogger("shard_server.local").info(
             "imported %d shard leases, with their epochs, from %s", imported, data_dir / LMDB_LEASE_FILE
@@ -119,10 +117,7 @@ def status_command(data_dir: pathlib.Path, as_json: bool) -> None:
         raise click.ClickException(str(error)) from None
     record = read_supervisor_record(data_dir)
     pids = {entry.pid for entry in record.servers.values()} if record is not None else set()
-    try:
-        store, _ = open_cluster_lease_store(data_dir)
-    except ValueError as error:
-        raise click.ClickException(f"cannot open the cluster's leases: {error}") from None
+    store, _ = _open_lease_store(data_dir)
     with store:
         leases = read_shard_leases(store, cluster)
     reports = fetch_all_replica_status({server_id: entry.address for server_id, entry in cluster.servers.items()})
@@ -193,6 +188,14 @@ def _refuse_if_supervised(data_dir: pathlib.Path) -> None:
             "stop them, then run `shardq local up` again"
         )
     remove_supervisor_record(data_dir)
+
+
+def _open_lease_store(data_dir: pathlib.Path) -> tuple[LocalLeaseStore, int]:
+    """open_cluster_lease_store, its refusal (an older lease file it cannot read) as a CLI error."""
+    try:
+        return open_cluster_lease_store(data_dir)
+    except ValueError as error:
+        raise click.ClickException(f"cannot open the cluster's leases: {error}") from None
 
 
 def _configure_logging() -> None:
