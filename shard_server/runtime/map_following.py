@@ -11,7 +11,8 @@ and the queue keeps running as it was. Replicas moved between servers (the opera
 
 A local cluster's servers also write the map (runtime queue management), through
 `ClusterMapFile`, which holds a lock around read-change-write and creates the new
-shards' leases before the map names them.
+shards' leases before the map names them. It waits for that lock for MAP_LOCK_WAIT_S at
+most: a process stopped while changing the map holds the lock until it goes on.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import contextlib
 import dataclasses
 import fcntl
 import logging
+import os
 import pathlib
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Protocol
 
@@ -45,6 +48,16 @@ from shardq.coordination.takeovers import lease_for_new_shard
 log = logging.getLogger(__name__)
 
 MAP_POLL_S = 1.0
+# How long a change waits for the map's lock. A change holds it for a read and a write of
+# the file; one held longer is held by a process stopped in the middle (SIGSTOP, a
+# debugger), which holds it until it goes on or exits. Waiting for it without end would
+# hold the admin call, and this server's later ones, as long.
+MAP_LOCK_WAIT_S = 5.0
+MAP_LOCK_POLL_S = 0.01
+
+
+class ClusterMapLocked(Exception):
+    """Another process held the cluster map's lock for longer than MAP_LOCK_WAIT_S."""
 
 
 class MapSource(Protocol):
@@ -178,8 +191,18 @@ class ClusterMapFile:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        with self.path.with_name(f".{self.path.name}.lock").open("a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        """The map's lock, or ClusterMapLocked, naming who holds it, after MAP_LOCK_WAIT_S."""
+        lock_path = self.path.with_name(f".{self.path.name}.lock")
+        with lock_path.open("a") as lock:
+            deadline = time.monotonic() + MAP_LOCK_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise ClusterMapLocked(_locked_message(lock_path)) from None
+                    time.sleep(MAP_LOCK_POLL_S)
             try:
                 yield
             finally:
@@ -212,3 +235,29 @@ class ClusterMapFile:
             self.leases.create(record)
         else:
             self.leases.update(record)
+
+
+def _locked_message(lock_path: pathlib.Path) -> str:
+    holders = flock_holders(lock_path)
+    who = f"process {', '.join(map(str, holders))}" if holders else "another process"
+    return (
+        f"the cluster map's lock ({lock_path}) has been held by {who} for over {MAP_LOCK_WAIT_S:g} s; "
+        "a process stopped while changing the map holds it until it goes on or exits"
+    )
+
+
+def flock_holders(path: pathlib.Path) -> list[int]:
+    """The processes holding a flock on `path`, from /proc/locks ([] where it cannot tell)."""
+    try:
+        found = os.stat(path)
+        table = pathlib.Path("/proc/locks").read_text()
+    except OSError:
+        return []
+    # "1: FLOCK  ADVISORY  WRITE 4242 fe:00:9978290 0 EOF"; waiters' lines have "->".
+    wanted = f"{os.major(found.st_dev):02x}:{os.minor(found.st_dev):02x}:{found.st_ino}"
+    holders = []
+    for line in table.splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == wanted:
+            holders.append(int(fields[4]))
+    return holders

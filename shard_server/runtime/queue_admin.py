@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from shard_server.runtime import background
 from shard_server.runtime.hosted_shards import HostedShard
 from shard_server.runtime.hosting import HostedQueue
-from shard_server.runtime.map_following import ClusterMapFile, ClusterMapFollower
+from shard_server.runtime.map_following import ClusterMapFile, ClusterMapFollower, ClusterMapLocked
 from shard_server.runtime.queue_hosts import QueueHost
 from shard_server.storage.queue_catalog import QueueCatalog
 from shardq.coordination.cluster_map import (
@@ -33,7 +33,7 @@ from shardq.coordination.cluster_map import (
     with_queue_changed,
     with_queue_removed,
 )
-from shardq.errors import InvalidArgument, QueueExists, QueueInUse, QueueManagedElsewhere
+from shardq.errors import InvalidArgument, QueueExists, QueueInUse, QueueManagedElsewhere, Unavailable
 from shardq.queues import QueueConfig, check_queue_name, queue_config_from_spec
 
 log = logging.getLogger(__name__)
@@ -121,6 +121,8 @@ class QueueAdmin:
             cluster = await asyncio.to_thread(self.map_file.change, change)
         except ValueError as error:
             raise InvalidArgument("settings", str(error)) from None
+        except ClusterMapLocked as error:
+            raise Unavailable(f"the queue was not changed: {error}") from None
         await self.follower.apply(cluster)
 
     def start(self) -> None:

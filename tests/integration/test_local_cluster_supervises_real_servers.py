@@ -521,3 +521,52 @@ def test_a_broken_or_impossible_map_edit_leaves_the_servers_running_as_they_were
         log = (cluster.data_dir / "logs" / f"{server}.log").read_text()
         assert "is not valid" in log, server
         assert "queue orders not changed: shards cannot change on a running queue" in log, server
+
+
+# Takes the map's lock as a server changing the map does, says so, and stops itself: a
+# process stopped (SIGSTOP, a debugger) in the middle of a change.
+HOLD_THE_MAP_LOCK = """
+import fcntl, os, signal, sys
+lock = open(sys.argv[1], "a")
+fcntl.flock(lock, fcntl.LOCK_EX)
+print("held", flush=True)
+os.kill(os.getpid(), signal.SIGSTOP)
+"""
+
+
+def test_a_process_stopped_holding_the_map_lock_fails_queue_changes_with_its_name_not_forever(
+    cluster: LocalCluster,
+) -> None:
+    cluster.up()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_THE_MAP_LOCK, str(cluster.data_dir / ".cluster.json.lock")],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == b"held\n"
+        wait_for(
+            lambda: pathlib.Path(f"/proc/{holder.pid}/stat").read_text().split(")")[1].split()[0] == "T",
+            timeout=5,
+            what="the lock's holder stopped",
+        )
+        with Client(endpoints(cluster)[0]) as client:
+            started = time.monotonic()
+            with pytest.raises(ShardqError) as refused:
+                client.create_queue("audit", {"shards": "1"})
+            waited = time.monotonic() - started
+        assert refused.value.reason.value == "UNAVAILABLE"
+        assert f"held by process {holder.pid}" in refused.value.message, refused.value.message
+        assert "the queue was not changed" in refused.value.message
+        # It waited for the lock a while, not for good (the call's own deadline is 30 s).
+        assert waited < 20, waited
+        assert "audit" not in cluster.cluster_file()["placement"]
+    finally:
+        holder.kill()  # its lock goes with it
+        holder.wait(timeout=10)
+        if holder.stdout is not None:
+            holder.stdout.close()
+    # The refused change left nothing held: the same server makes it now.
+    with Client(endpoints(cluster)[0]) as client:
+        client.create_queue("audit", {"shards": "1"})
+    wait_for(lambda: every_server_lists(cluster, "audit", present=True), timeout=15, what="audit everywhere")
