@@ -28,6 +28,9 @@ class Reason(enum.StrEnum):
     QUEUE_EXISTS = "QUEUE_EXISTS"
     QUEUE_IN_USE = "QUEUE_IN_USE"
     QUEUE_MANAGED_ELSEWHERE = "QUEUE_MANAGED_ELSEWHERE"
+    # A local cluster's queue change found the cluster map locked by another process for
+    # too long (one stopped in the middle of a change): nothing changed; try again.
+    CLUSTER_MAP_LOCKED = "CLUSTER_MAP_LOCKED"
 
 
 ERROR_DOMAIN = "shardq.io"

@@ -33,7 +33,7 @@ from shardq.coordination.cluster_map import (
     with_queue_changed,
     with_queue_removed,
 )
-from shardq.errors import InvalidArgument, QueueExists, QueueInUse, QueueManagedElsewhere, Unavailable
+from shardq.errors import InvalidArgument, QueueExists, QueueInUse, QueueManagedElsewhere, Reason, ShardqError
 from shardq.queues import QueueConfig, check_queue_name, queue_config_from_spec
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ class QueueAdmin:
         except ValueError as error:
             raise InvalidArgument("settings", str(error)) from None
         except ClusterMapLocked as error:
-            raise Unavailable(f"the queue was not changed: {error}") from None
+            raise ShardqError(Reason.CLUSTER_MAP_LOCKED, f"the queue was not changed: {error}") from None
         await self.follower.apply(cluster)
 
     def start(self) -> None:

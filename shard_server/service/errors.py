@@ -31,6 +31,9 @@ STATUS_BY_REASON: dict[Reason, grpc.StatusCode] = {
     Reason.QUEUE_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
     Reason.QUEUE_IN_USE: grpc.StatusCode.FAILED_PRECONDITION,
     Reason.QUEUE_MANAGED_ELSEWHERE: grpc.StatusCode.FAILED_PRECONDITION,
+    # Not UNAVAILABLE: a client takes that, answered to a call that is not idempotent
+    # (DeleteQueue), for "may have been applied", as a forwarding server relays a cut call.
+    Reason.CLUSTER_MAP_LOCKED: grpc.StatusCode.ABORTED,
 }
 
 

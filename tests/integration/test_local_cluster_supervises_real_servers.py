@@ -28,6 +28,7 @@ from shardq import Client, ShardqError
 from shardq.coordination.fencing import isr_of
 from shardq.coordination.leases import LeaseRecord
 from shardq.coordination.local_leases import LocalLeaseStore
+from shardq.errors import Reason
 from tests.support.ports import free_port_block
 from tests.support.servers import wait_for
 
@@ -555,12 +556,17 @@ def test_a_process_stopped_holding_the_map_lock_fails_queue_changes_with_its_nam
             with pytest.raises(ShardqError) as refused:
                 client.create_queue("audit", {"shards": "1"})
             waited = time.monotonic() - started
-        assert refused.value.reason.value == "UNAVAILABLE"
-        assert f"held by process {holder.pid}" in refused.value.message, refused.value.message
-        assert "the queue was not changed" in refused.value.message
+            # A delete, which is not idempotent, is told the same, not OUTCOME_UNKNOWN.
+            with pytest.raises(ShardqError) as delete_refused:
+                client.delete_queue("orders")
+        for error in (refused.value, delete_refused.value):
+            assert error.reason is Reason.CLUSTER_MAP_LOCKED, error
+            assert f"held by process {holder.pid}" in error.message, error.message
+            assert "the queue was not changed" in error.message
         # It waited for the lock a while, not for good (the call's own deadline is 30 s).
         assert waited < 20, waited
         assert "audit" not in cluster.cluster_file()["placement"]
+        assert "orders" in cluster.cluster_file()["placement"]
     finally:
         holder.kill()  # its lock goes with it
         holder.wait(timeout=10)
