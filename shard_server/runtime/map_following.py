@@ -194,15 +194,8 @@ class ClusterMapFile:
         """The map's lock, or ClusterMapLocked, naming who holds it, after MAP_LOCK_WAIT_S."""
         lock_path = self.path.with_name(f".{self.path.name}.lock")
         with lock_path.open("a") as lock:
-            deadline = time.monotonic() + MAP_LOCK_WAIT_S
-            while True:
-                try:
-                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise ClusterMapLocked(_locked_message(lock_path)) from None
-                    time.sleep(MAP_LOCK_POLL_S)
+            if not _flock_within(lock.fileno(), MAP_LOCK_WAIT_S):
+                raise ClusterMapLocked(_locked_message(lock_path))
             try:
                 yield
             finally:
@@ -235,6 +228,19 @@ class ClusterMapFile:
             self.leases.create(record)
         else:
             self.leases.update(record)
+
+
+def _flock_within(fd: int, timeout_s: float) -> bool:
+    """Take an exclusive flock on `fd`, trying until `timeout_s` has passed; whether it did."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(MAP_LOCK_POLL_S)
 
 
 def _locked_message(lock_path: pathlib.Path) -> str:
