@@ -180,8 +180,13 @@ class ConsumerStream:
         """Release (nack with backoff) over the stream; concurrent calls without a
         reason share frames. A `reason` is kept as the messages' last error."""
         if reason:
-            answer = await self._acknowledge(delete=(), release=receipts, reason=reason)
-            return entry_results_from_proto(answer.released)
+            # A frame holds at most MAX_ACK_BATCH receipts, as the server bounds them.
+            results: list[EntryResult] = []
+            for start in range(0, len(receipts), MAX_ACK_BATCH):
+                chunk = receipts[start : start + MAX_ACK_BATCH]
+                answer = await self._acknowledge(delete=(), release=chunk, reason=reason)
+                results += entry_results_from_proto(answer.released)
+            return results
         return await self._releases.add_many(receipts)
 
     async def close(self) -> list[ReceivedMessage]:

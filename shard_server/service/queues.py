@@ -38,6 +38,7 @@ from shard_server.service.converting import (
 )
 from shard_server.service.errors import abort_with, stream_error
 from shard_server.service.request_reading import RequestReading
+from shard_server.service.unwritten import Unwritten
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.errors import InvalidArgument, Reason, ShardqError
 from shardq.queues import MAX_RECEIVE_BATCH
@@ -46,9 +47,12 @@ Request = TypeVar("Request")
 Response = TypeVar("Response")
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
-# Streams: how many producer batches one stream may have in flight, and how
-# long a consumer stream waits in one receive before looking at its credits again.
+# Streams: how many producer batches one stream may have read and not yet answered on
+# the wire, how many frames a consume stream may (acknowledgements read and messages
+# claimed; see unwritten.py), and how long a consumer stream waits in one receive
+# before looking at its credits again.
 SEND_STREAM_IN_FLIGHT = 256
+CONSUME_STREAM_UNWRITTEN = 64
 CONSUME_POLL_MS = 1_000
 # A consume stream's receive failing for these reasons is a moment of failover (a shard
 # led elsewhere now, a claim lost with its leadership): the stream pauses and goes on.
@@ -389,7 +393,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         sent = metrics.STREAM_REQUESTS.labels(SEND_STREAM, "OK")
         # Answers; None when the client's side ended, an error when the stream must end with it.
         answers: asyncio.Queue[queue_pb2.SendStreamResponse | ShardqError | None] = asyncio.Queue()
-        slots = asyncio.Semaphore(SEND_STREAM_IN_FLIGHT)
+        unwritten = Unwritten(SEND_STREAM_IN_FLIGHT)
         pending: set[asyncio.Task[None]] = set()
 
         async def answer(request: queue_pb2.SendStreamRequest) -> None:
@@ -403,11 +407,11 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                 answers.put_nowait(queue_pb2.SendStreamResponse(request_id=request.request_id, error=refusal))
                 metrics.STREAM_REQUESTS.labels(SEND_STREAM, refusal.code).inc()
             finally:
-                slots.release()
                 histogram.observe(time.perf_counter() - started)
 
         async def take(request: queue_pb2.SendStreamRequest) -> None:
-            await slots.acquire()
+            await unwritten.room()
+            unwritten.add()
             task = asyncio.create_task(answer(request))
             pending.add(task)
             task.add_done_callback(pending.discard)
@@ -421,7 +425,8 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                 if isinstance(response, ShardqError):
                     await abort_with(context, response)
                     return
-                yield response
+                yield response  # resumed once written (gRPC's flow control allowing)
+                unwritten.written()
         finally:
             self._request_streams.discard(stop_reading)
             reader.cancel()
@@ -457,8 +462,24 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         credits = 0
         credit_granted = asyncio.Event()
         acks: set[asyncio.Task[None]] = set()
+        unwritten = Unwritten(CONSUME_STREAM_UNWRITTEN)
 
         async def acknowledge(ack: queue_pb2.Acknowledge) -> None:
+            try:
+                # As DeleteMessages and ReleaseMessages bound theirs: one frame of
+                # millions of receipts once held the event loop for seconds and grew
+                # the server by gigabytes. Refused whole, without a result per receipt.
+                if ack.receipts:
+                    validate_receipts("ack.receipts", ack.receipts)
+                if ack.release:
+                    validate_receipts("ack.release", ack.release)
+            except ShardqError as error:
+                refusal = stream_error(error)
+                outgoing.put_nowait(
+                    queue_pb2.ConsumeResponse(ack=queue_pb2.AckResult(ack_id=ack.ack_id, failed=refusal))
+                )
+                metrics.STREAM_REQUESTS.labels(CONSUME_STREAM, refusal.code).inc()
+                return
             try:
                 if ack.release:
                     validate_release_reason("ack.release_reason", ack.release_reason)
@@ -501,9 +522,17 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                 granted = granted or request.credits > 0
                 credit_granted.set()
             elif kind == "ack":
+                await unwritten.room()
+                unwritten.add()
                 task = asyncio.create_task(acknowledge(request.ack))
                 acks.add(task)
                 task.add_done_callback(acks.discard)
+            else:
+                # Once ignored: a client that sent a second start believed it had changed
+                # the stream's queue or settings.
+                outgoing.put_nowait(
+                    InvalidArgument("kind", "after its start, a consume stream takes only credits and acks")
+                )
 
         async def push_messages() -> None:
             nonlocal credits
@@ -512,6 +541,9 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                     credit_granted.clear()
                     await credit_granted.wait()
                     continue
+                # Claim no more while the client has not read what was pushed: credits
+                # granted without reading would otherwise pile claimed messages up here.
+                await unwritten.room()
                 # Claim for every credit at once (one commit round trip) and push
                 # in frames of max_batch: round trips, not frames, bound the rate.
                 # (Cancelled as the stream ends, a receive gives back what it claimed.)
@@ -531,6 +563,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                     continue
                 credits -= len(received)
                 for frame in received_frames(received, max_batch, _consume_frame):
+                    unwritten.add()
                     outgoing.put_nowait(frame)
 
         reading = RequestReading(request_iterator, take, acks, outgoing.put_nowait)
@@ -548,7 +581,8 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                 if isinstance(response, ShardqError):
                     await abort_with(context, response)
                     return
-                yield response
+                yield response  # resumed once written (gRPC's flow control allowing)
+                unwritten.written()
         finally:
             self._request_streams.discard(end_if_only_acknowledging)
             pusher.cancel()

@@ -1029,11 +1029,11 @@ class Acknowledge(_message.Message):
     """Why the `release` receipts are released (as ReleaseMessagesRequest.reason)."""
     @_builtins.property
     def receipts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Receipts to delete."""
+        """Receipts to delete (at most 1000 a frame, as DeleteMessagesRequest)."""
 
     @_builtins.property
     def release(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Receipts to release with backoff (negative acknowledgement)."""
+        """Receipts to release with backoff (negative acknowledgement; at most 1000)."""
 
     def __init__(
         self,
