@@ -14,6 +14,7 @@ import functools
 import hashlib
 import importlib.metadata
 import json
+import math
 import pathlib
 import sys
 from collections.abc import Callable, Iterator
@@ -54,8 +55,8 @@ class Rate(click.ParamType[float]):
             rate = float(text)
         except ValueError:
             self.fail(f"{value!r} is not a rate like 500/s", param, ctx)
-        if rate < 0:
-            self.fail("rate must be >= 0", param, ctx)
+        if not (math.isfinite(rate) and rate >= 0):
+            self.fail(f"{value!r} is not a rate: a finite number >= 0 (0: no limit), like 500/s", param, ctx)
         return rate
 
 

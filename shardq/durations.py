@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import re
 
+# Durations travel as int64 milliseconds. A longer one ("9" * 100_000 seconds) once
+# overflowed float to infinity and failed as an OverflowError, not as bad input.
+MAX_DURATION_MS = 2**63 - 1
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
@@ -14,7 +18,7 @@ def parse_duration_ms(text: str) -> int:
     if not cleaned:
         raise ValueError("empty duration")
     if re.fullmatch(r"\d+(?:\.\d+)?", cleaned):
-        return round(float(cleaned) * 1000)
+        return _bounded(float(cleaned) * 1000, text)
     position = 0
     total = 0.0
     for match in _PART.finditer(cleaned):
@@ -23,8 +27,18 @@ def parse_duration_ms(text: str) -> int:
         total += float(match.group(1)) * _UNITS_MS[match.group(2)]
         position = match.end()
     if position != len(cleaned) or position == 0:
-        raise ValueError(f"not a duration: {text!r} (use e.g. 500ms, 30s, 5m, 24h, 7d)")
-    return round(total)
+        raise ValueError(f"not a duration: {_shown(text)} (use e.g. 500ms, 30s, 5m, 24h, 7d)")
+    return _bounded(total, text)
+
+
+def _bounded(ms: float, text: str) -> int:
+    if not (math.isfinite(ms) and ms <= MAX_DURATION_MS):
+        raise ValueError(f"duration {_shown(text)} is too long: at most {MAX_DURATION_MS} ms")
+    return round(ms)
+
+
+def _shown(text: str) -> str:
+    return repr(text) if len(text) <= 40 else f"{text[:40]!r}... ({len(text)} characters)"
 
 
 def format_duration_ms(ms: int) -> str:

@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import math
 from collections.abc import AsyncIterator
 
 from shard_server.domain import housekeeping
@@ -205,8 +206,12 @@ async def redrive(
     """Move messages from `source` (a DLQ) to `destination`, at most `rate_per_second`."""
     if source == destination:
         raise InvalidArgument("destination", "must differ from source")
-    if rate_per_second < 0:
-        raise InvalidArgument("rate_per_second", "must be >= 0")
+    if not (math.isfinite(rate_per_second) and rate_per_second >= 0):
+        # NaN passed a `< 0` check and failed later as a ValueError, infinity as an
+        # OverflowError: to the client, UNKNOWN errors with no reason.
+        raise InvalidArgument(
+            "rate_per_second", f"must be a finite number >= 0 (0: as fast as it goes), not {rate_per_second}"
+        )
     from_queue = host.get(source)
     to_queue = host.get(destination)
     present = await _messages_in(from_queue)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import time
 
+import pytest
+
 from shardq import Client, Message
+from shardq.errors import InvalidArgument
 from tests.support.servers import ServerFactory, ServerProcess, drain, stored_count, wait_for
 
 SOURCE = "orders"  # max_receive_count=2
@@ -132,3 +136,16 @@ def test_dead_letters_refused_by_a_full_dlq_move_once_it_has_room(server_factory
         wait_for(all_moved, timeout=30, what="every dead letter to reach the DLQ once it had room")
         assert sorted(moved) == [b"poison 0", b"poison 1", b"poison 2"]
         assert client.attributes("work").dead_letter_pending == 0
+
+
+@pytest.mark.parametrize("rate", [math.nan, math.inf, -1.0])
+def test_a_redrive_rate_that_is_not_a_finite_number_is_refused_by_name(server: ServerProcess, rate: float) -> None:
+    """NaN and infinity once failed inside the server as UNKNOWN, with no reason."""
+    with Client(server.endpoint) as client:
+        client.send_messages(DLQ, [Message(b"dead")])
+        with pytest.raises(InvalidArgument) as raised:
+            list(client.redrive(source=DLQ, destination=SOURCE, rate_per_second=rate))
+        assert raised.value.field == "rate_per_second"
+        assert "finite number >= 0" in raised.value.message
+        assert stored_count(client, DLQ) == 1
+        assert stored_count(client, SOURCE) == 0

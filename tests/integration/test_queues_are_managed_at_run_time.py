@@ -55,6 +55,13 @@ def test_bad_names_and_settings_are_invalid_arguments(server: ServerProcess) -> 
             client.create_queue("Bad_Name")
         with pytest.raises(InvalidArgument, match="colour: unknown queue setting; valid"):
             client.create_queue("fine", {"colour": "blue"})
+        # Once an OverflowError: UNKNOWN, with no reason and no field.
+        with pytest.raises(InvalidArgument, match=r"visibility.*too long") as raised:
+            client.create_queue("fine", {"visibility": "9" * 100_000})
+        assert len(raised.value.message) < 400, "the error repeated the whole 100,000-character value"
+        client.create_queue("fine-later", {"shards": "1"})
+        with pytest.raises(InvalidArgument, match=r"retention.*too long"):
+            client.set_queue_attributes("fine-later", {"retention": "9" * 400 + "d"})
         assert "fine" not in client.list_queues()
 
 

@@ -61,6 +61,13 @@ def test_durations(text: str, ms: int) -> None:
     assert parse_duration_ms(text) == ms
 
 
+@pytest.mark.parametrize("text", ["9" * 100_000, "9" * 400 + "d", "9223372036854775808ms"])
+def test_a_duration_beyond_int64_milliseconds_is_too_long_not_an_overflow(text: str) -> None:
+    with pytest.raises(ValueError, match="too long") as raised:
+        parse_duration_ms(text)
+    assert len(str(raised.value)) < 200
+
+
 def test_duration_formatting_round_trips() -> None:
     for ms in (250, 30_000, 5_400_000, 604_800_000):
         assert parse_duration_ms(format_duration_ms(ms)) == ms
