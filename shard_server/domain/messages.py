@@ -36,6 +36,20 @@ class MessageRecord:
     source_queue: str = ""
 
 
+# A message's claim tokens count up from its send time in milliseconds times this. They
+# once counted from 0, and a receipt names (shard, seq, epoch, token): a queue deleted
+# and created again under the same name numbers its messages from 1 again, so a receipt
+# of the old queue's first claim held the new queue's first claim, and deleted it.
+# Messages sent in different milliseconds now never share a token (below 65,536
+# receives each).
+CLAIM_TOKENS_PER_MS = 1 << 16
+
+
+def first_claim_token(sent_at_ms: int) -> int:
+    """The claim token a message holds before its first claim (which takes the next)."""
+    return sent_at_ms * CLAIM_TOKENS_PER_MS
+
+
 @dataclasses.dataclass(slots=True)  # not frozen: built per message, and frozen ones cost ~4x to build
 class Delivery:
     seq: int

@@ -12,6 +12,7 @@ from shard_server.domain.messages import (
     DeliveryState,
     MessageRecord,
     NewMessage,
+    first_claim_token,
     format_message_id,
 )
 from shard_server.domain.store import ShardStore
@@ -54,6 +55,7 @@ def send_messages(
     window = context.config.dedup_window_ms
     outcomes: list[SendOutcome] = []
     seq = store.last_seq()
+    first_token = first_claim_token(now_ms)
     for message in messages:
         if message.dedup_id and window:
             original = store.dedup_lookup(message.dedup_id)
@@ -73,7 +75,11 @@ def send_messages(
             source_queue=message.source_queue,
         )
         delivery = Delivery(
-            seq=seq, state=DeliveryState.READY, sent_at_ms=now_ms, visible_at_ms=now_ms + message.delay_ms
+            seq=seq,
+            state=DeliveryState.READY,
+            sent_at_ms=now_ms,
+            visible_at_ms=now_ms + message.delay_ms,
+            claim_token=first_token,
         )
         expires = now_ms + window if message.dedup_id and window else 0
         commit_event(store, context, Sent(record, delivery, expires), now_ms=now_ms)

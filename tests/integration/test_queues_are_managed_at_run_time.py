@@ -80,6 +80,30 @@ def test_a_deleted_queue_is_gone_with_its_data_also_after_a_restart(server: Serv
         assert stored_count(client, "temporary") == 0
 
 
+def test_a_receipt_of_a_deleted_queue_does_not_act_on_the_queue_created_in_its_place(server: ServerProcess) -> None:
+    """The new queue numbers its messages from 1 again: a receipt names its claim by
+    shard, number, epoch and claim token, and the old queue's first claim once matched
+    the new queue's, so a late acknowledgement deleted another consumer's message."""
+    with Client(server.endpoint) as client:
+        client.create_queue("reborn", {"shards": "1"})
+        client.send_messages("reborn", [Message(b"old")])
+        (old,) = client.receive_messages("reborn", max_messages=1, visibility_timeout_ms=60_000)
+        client.delete_queue("reborn")
+        client.create_queue("reborn", {"shards": "1"})
+        client.send_messages("reborn", [Message(b"new")])
+        (new,) = client.receive_messages("reborn", max_messages=1, visibility_timeout_ms=60_000)
+        assert new.message_id != old.message_id
+        for results in (
+            client.delete_messages("reborn", [old.receipt]),
+            client.change_visibility("reborn", [(old.receipt, 0)]),
+            client.release_messages("reborn", [old.receipt]),
+        ):
+            assert [(r.ok, r.reason) for r in results] == [(False, "STALE_RECEIPT")]
+        assert client.attributes("reborn").in_flight == 1, "the old receipt changed the new claim"
+        assert [r.ok for r in client.delete_messages("reborn", [new.receipt])] == [True]
+        assert stored_count(client, "reborn") == 0
+
+
 def test_delete_refuses_a_dead_letter_queue_in_use_and_a_static_queue(server: ServerProcess) -> None:
     with Client(server.endpoint) as client:
         client.create_queue("parking")

@@ -55,7 +55,8 @@ class ReferenceQueue:
         if dedup_id in self.dedup and self.dedup[dedup_id][1] > now:
             return self.dedup[dedup_id][0], True
         self.last_seq += 1
-        self.messages[self.last_seq] = RefMessage(self.last_seq, now, now + delay)
+        # Claim tokens count up from the send's millisecond times 65,536.
+        self.messages[self.last_seq] = RefMessage(self.last_seq, now, now + delay, token=now * 65_536)
         if dedup_id:
             self.dedup[dedup_id] = (self.last_seq, now + self.config.dedup_window_ms)
         return self.last_seq, False
