@@ -122,3 +122,58 @@ def test_replication_requests_from_non_peers_or_fenced_epochs_are_refused(cluste
         assert replay.epoch >= 2
     finally:
         channel.close()
+
+
+@pytest.mark.timeout(90)
+def test_an_epoch_the_lease_does_not_name_moves_no_leader_and_no_follower(cluster: Cluster) -> None:
+    """Any client reaches the replication service (peers are not authenticated yet). An
+    Append naming a replica at an epoch of 2**63 once made the leader step down, and a
+    follower record that epoch and then refuse its real leader as stale; entries that
+    were not log entries failed as UNKNOWN with a Python exception's text."""
+    with Client(cluster.endpoint("s1")) as client:
+        send_until_accepted(client, [b"before"], shard_hint="startup")
+    before = cluster.leader_of(0)
+    assert before.holder == "s1"
+
+    def status_of(server: str) -> replication_pb2.ReplicaStatus:
+        with grpc.insecure_channel(cluster.endpoint(server)) as channel:
+            stub = replication_pb2_grpc.ReplicationServiceStub(channel)
+            listed = stub.GetReplicaStatus(replication_pb2.GetReplicaStatusRequest(), timeout=5)
+        return next(r for r in listed.replicas if r.queue == "orders" and r.shard == 0)
+
+    def append(server: str, request: replication_pb2.AppendRequest) -> replication_pb2.AppendResponse:
+        with grpc.insecure_channel(cluster.endpoint(server)) as channel:
+            stub = replication_pb2_grpc.ReplicationServiceStub(channel)
+            response: replication_pb2.AppendResponse = stub.Append(request, timeout=5)
+        return response
+
+    forged_epoch = 2**63
+    to_leader = append("s1", replication_pb2.AppendRequest(queue="orders", shard=0, epoch=forged_epoch, leader_id="s2"))
+    to_follower = append(
+        "s2", replication_pb2.AppendRequest(queue="orders", shard=0, epoch=forged_epoch, leader_id="s3")
+    )
+    for response in (to_leader, to_follower):
+        assert response.outcome == replication_pb2.APPEND_OUTCOME_REFUSED
+        assert f"at epoch {forged_epoch}" in response.detail
+    garbage = append(
+        "s2",
+        replication_pb2.AppendRequest(
+            queue="orders", shard=0, epoch=before.transitions, leader_id="s1", entries=[b"garbage"]
+        ),
+    )
+    assert garbage.outcome == replication_pb2.APPEND_OUTCOME_REFUSED
+    assert garbage.detail.startswith("not a log entry")
+
+    assert status_of("s1").role == replication_pb2.REPLICA_ROLE_LEADER
+    for server in ("s1", "s2"):
+        assert status_of(server).epoch == before.transitions, f"{server} took the forged epoch"
+    after = cluster.leader_of(0)
+    assert (after.holder, after.transitions) == ("s1", before.transitions)
+    # The real leader still replicates to the follower the forgeries were sent to.
+    with Client(cluster.endpoint("s1")) as client:
+        send_until_accepted(client, [b"after"], shard_hint="after the forgeries")
+    wait_for(
+        lambda: status_of("s2").commit_index >= status_of("s1").commit_index or None,
+        timeout=10,
+        what="the follower to hold what the leader committed",
+    )

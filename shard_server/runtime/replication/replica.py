@@ -21,6 +21,7 @@ import enum
 import logging
 import pathlib
 import shutil
+import struct
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
@@ -34,6 +35,7 @@ from shard_server.runtime.committing import GroupCommitter
 from shard_server.runtime.replication import rules
 from shard_server.runtime.replication.peers import PeerChannels
 from shard_server.storage import replica_log
+from shard_server.storage.codecs import CorruptEntry
 from shard_server.storage.lmdb_store import ShardEnvironment
 from shardq.api.v1 import replication_pb2
 from shardq.coordination.cluster_map import ClusterMap, lease_name
@@ -169,6 +171,9 @@ class ShardReplica:
         self._shippers: dict[str, asyncio.Task[None]] = {}
         self._recovering: asyncio.Task[None] | None = None
         self._isr_changing = False
+        # The highest epoch whose appender this replica saw the lease name (see append),
+        # from the epoch its log has seen, which appends so checked recorded.
+        self._confirmed_epoch = replica_log.replica_indexes(shard.environment)[0]
         # Which copy of the data this replica holds, and (as leader) the followers'.
         self.incarnation = shard.environment.incarnation()
         self._incarnations: dict[str, str] = {server_id: self.incarnation}
@@ -602,33 +607,54 @@ class ShardReplica:
             )
         if self.role is Role.RECOVERING:
             return replication_pb2.AppendResponse(outcome=replication_pb2.APPEND_OUTCOME_NEEDS_SNAPSHOT)
-        if self.role is Role.LEADER and request.epoch > self.shard.epoch:
-            await self.step_down(f"{request.leader_id} leads at epoch {request.epoch}")
         if self.role is not Role.FOLLOWER and request.epoch <= self.shard.epoch:
+            # The appender is behind this leader: it steps down on hearing so.
             return replication_pb2.AppendResponse(
                 outcome=replication_pb2.APPEND_OUTCOME_STALE_EPOCH, epoch=self.shard.epoch
             )
         # Only the lease's holder at that epoch may append: a forged or replayed
         # request naming another leader is refused.
         lease = await asyncio.to_thread(self.leases.get, self.name)
-        if lease is not None and lease.transitions == request.epoch and lease.holder != request.leader_id:
+        named = lease is not None and lease.transitions == request.epoch and lease.holder == request.leader_id
+        if lease is not None and lease.transitions == request.epoch and not named:
             return replication_pb2.AppendResponse(
                 outcome=replication_pb2.APPEND_OUTCOME_REFUSED, detail="not the lease holder at that epoch"
             )
+        if request.epoch > self._confirmed_epoch or self.role is Role.LEADER:
+            # A new epoch is believed, and a leader steps down for it, only once the
+            # lease names its appender. Any client could once send an epoch of 2**63: a
+            # leader stepped down for it, and a follower recorded it and refused its real
+            # leader as stale from then on. (A lease this server reads late delays a real
+            # new leader's first append here by its retry, half a second.)
+            if not named:
+                return replication_pb2.AppendResponse(
+                    outcome=replication_pb2.APPEND_OUTCOME_REFUSED,
+                    detail=f"the lease does not name {request.leader_id!r} at epoch {request.epoch}",
+                )
+            self._confirmed_epoch = max(self._confirmed_epoch, request.epoch)
+        if self.role is Role.LEADER:  # at an epoch below the request's, checked above
+            await self.step_down(f"{request.leader_id} leads at epoch {request.epoch}")
         environment = self.shard.environment
         fifo = self.shard.queue.config.fifo
         entries = list(request.entries)
-        outcome = await self.shard.committer.run_exclusive(
-            lambda: replica_log.append_as_follower(
-                environment,
-                epoch=request.epoch,
-                prev_index=request.prev_index,
-                prev_epoch=request.prev_epoch,
-                entries=entries,
-                commit_index=request.commit_index,
-                fifo=fifo,
+        try:
+            outcome = await self.shard.committer.run_exclusive(
+                lambda: replica_log.append_as_follower(
+                    environment,
+                    epoch=request.epoch,
+                    prev_index=request.prev_index,
+                    prev_epoch=request.prev_epoch,
+                    entries=entries,
+                    commit_index=request.commit_index,
+                    fifo=fifo,
+                )
             )
-        )
+        except (CorruptEntry, struct.error) as error:
+            # Its write transaction was aborted: nothing of it was kept. Before, the
+            # caller got UNKNOWN with a Python exception's text.
+            return replication_pb2.AppendResponse(
+                outcome=replication_pb2.APPEND_OUTCOME_REFUSED, detail=f"not a log entry: {error}"
+            )
         self.leader_id = request.leader_id
         self.commit_index = max(self.commit_index, min(request.commit_index, outcome.last_index))
         if outcome.result is replica_log.AppendResult.OK:
