@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from shardq.durations import parse_duration_ms
+from shardq.durations import MAX_DURATION_MS, parse_duration_ms
 from shardq.errors import InvalidArgument
 
 KIB = 1024
@@ -159,7 +159,10 @@ def _parse_duration(key: str, value: Any) -> int:
     if isinstance(value, bool):
         raise ValueError(f"{key}: expected a duration, got {value!r}")
     if isinstance(value, int | float):
-        return round(value * 1000)  # bare numbers are seconds, as in SQS
+        # Bare numbers are seconds, as in SQS (YAML's .inf and .nan among them).
+        if not 0 <= value * 1000 <= MAX_DURATION_MS:  # NaN fails every comparison
+            raise ValueError(f"{key}: {value!r} is not a duration of 0 to {MAX_DURATION_MS} ms")
+        return round(value * 1000)
     try:
         return parse_duration_ms(str(value))
     except ValueError as error:
@@ -177,28 +180,45 @@ def _parse_bool(key: str, value: Any) -> bool:
     raise ValueError(f"{key}: expected true or false, got {value!r}")
 
 
+class _Fields(dict[str, Any]):
+    """A QueueConfig's fields as spec keys set them, refusing a second key for one field:
+    `visibility=10s` beside `visibilityTimeout=20s` once kept whichever came last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._keys: dict[str, str] = {}
+
+    def set(self, field: str, key: str, value: Any) -> None:
+        earlier = self._keys.get(field)
+        if earlier is not None:
+            raise ValueError(f"{earlier} and {key} set the same setting: give one of them")
+        self._keys[field] = key
+        self[field] = value
+
+
 def queue_config_from_spec(name: str, spec: Mapping[str, Any]) -> QueueConfig:
-    """Build a QueueConfig from a Queue spec mapping; unknown keys are errors."""
-    fields: dict[str, Any] = {}
+    """Build a QueueConfig from a Queue spec mapping; unknown keys, and two keys for one
+    setting, are errors."""
+    fields = _Fields()
     for key, value in spec.items():
         normal = _normalise_key(key)
         if normal in _DURATION_FIELDS:
-            fields[_DURATION_FIELDS[normal]] = _parse_duration(key, value)
+            fields.set(_DURATION_FIELDS[normal], key, _parse_duration(key, value))
         elif normal in _INT_FIELDS:
-            fields[_INT_FIELDS[normal]] = _parse_int(key, value)
+            fields.set(_INT_FIELDS[normal], key, _parse_int(key, value))
         elif normal == "fifo":
-            fields["fifo"] = _parse_bool(key, value)
+            fields.set("fifo", key, _parse_bool(key, value))
         elif normal in ("deadletterqueue", "dlq"):
-            fields["dead_letter_queue"] = str(value)
+            fields.set("dead_letter_queue", key, str(value))
         elif normal == "redrivepolicy":
             if not isinstance(value, Mapping):
                 raise ValueError(f"{key}: expected a mapping with deadLetterQueue and maxReceiveCount")
             for sub_key, sub_value in value.items():
                 sub = _normalise_key(sub_key)
                 if sub == "deadletterqueue":
-                    fields["dead_letter_queue"] = str(sub_value)
+                    fields.set("dead_letter_queue", f"{key}.{sub_key}", str(sub_value))
                 elif sub == "maxreceivecount":
-                    fields["max_receive_count"] = _parse_int(sub_key, sub_value)
+                    fields.set("max_receive_count", f"{key}.{sub_key}", _parse_int(sub_key, sub_value))
                 else:
                     raise ValueError(f"{key}.{sub_key}: unknown setting; valid: deadLetterQueue, maxReceiveCount")
         elif normal == "name":
@@ -211,6 +231,36 @@ def queue_config_from_spec(name: str, spec: Mapping[str, Any]) -> QueueConfig:
     return QueueConfig(name=name, **fields)
 
 
+def _fields_set_by(key: str) -> set[str]:
+    normal = _normalise_key(key)
+    if normal in _DURATION_FIELDS:
+        return {_DURATION_FIELDS[normal]}
+    if normal in _INT_FIELDS:
+        return {_INT_FIELDS[normal]}
+    if normal in ("deadletterqueue", "dlq"):
+        return {"dead_letter_queue"}
+    if normal == "redrivepolicy":
+        return {"dead_letter_queue", "max_receive_count"}
+    return {normal}  # fifo, name, or unknown (refused when parsed)
+
+
+def merged_spec(current: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """`current` with `changes` applied, each change replacing the current key that sets
+    the same setting however either is spelled (`visibility` replaces `visibilityTimeout`:
+    kept side by side, they are two keys for one setting, which a spec refuses)."""
+    changed = {field for key in changes for field in _fields_set_by(key)}
+    kept: dict[str, Any] = {}
+    for key, value in current.items():
+        if not _fields_set_by(key) & changed:
+            kept[key] = value
+        elif _normalise_key(key) == "redrivepolicy" and isinstance(value, Mapping):
+            # A change to one half of the policy keeps the other half.
+            for sub_key, sub_value in value.items():
+                if not _fields_set_by(sub_key) & changed:
+                    kept[sub_key] = sub_value
+    return {**kept, **changes}
+
+
 def parse_queue_option(text: str) -> QueueConfig:
     """Parse `name[:key=value,key=value...]` as given to `shardq serve --queue`."""
     name, _, rest = text.partition(":")
@@ -219,5 +269,7 @@ def parse_queue_option(text: str) -> QueueConfig:
         key, equals, value = item.partition("=")
         if not equals:
             raise ValueError(f"--queue {text!r}: {item!r} is not key=value")
+        if key.strip() in spec:
+            raise ValueError(f"--queue {text!r}: {key.strip()} is given twice")
         spec[key.strip()] = value.strip()
     return queue_config_from_spec(name.strip(), spec)

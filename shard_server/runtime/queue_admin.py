@@ -34,7 +34,7 @@ from shardq.coordination.cluster_map import (
     with_queue_removed,
 )
 from shardq.errors import InvalidArgument, QueueExists, QueueInUse, QueueManagedElsewhere, Reason, ShardqError
-from shardq.queues import QueueConfig, check_queue_name, queue_config_from_spec
+from shardq.queues import QueueConfig, check_queue_name, merged_spec, queue_config_from_spec
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ class QueueAdmin:
             if self.map_file is not None:
                 return await self._change_settings_in_map(queue, settings)
             saved = self.catalog.load()
-            merged = {**saved.get(name, {}), **settings}
+            merged = merged_spec(saved.get(name, {}), settings)
             config = parse_settings(name, merged)
             current = queue.config
             changed = sorted(
@@ -230,7 +230,7 @@ class QueueAdmin:
         cluster = self.host.cluster
         assert cluster is not None
         current = next(entry for entry in cluster.queues if entry.name == name)
-        merged = {**current.spec, **settings}
+        merged = merged_spec(current.spec, settings)
         parse_settings(name, merged)
         await self._change_map(functools.partial(with_queue_changed, queue=QueueEntry(name, merged)))
         log.info(

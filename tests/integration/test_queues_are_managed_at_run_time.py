@@ -80,6 +80,20 @@ def test_a_deleted_queue_is_gone_with_its_data_also_after_a_restart(server: Serv
         assert stored_count(client, "temporary") == 0
 
 
+def test_a_setting_changes_whichever_spelling_created_it(server: ServerProcess) -> None:
+    """The saved settings and the change were merged key by key: `visibilityTimeout`
+    beside the `visibility` the queue was created with left two keys for one setting."""
+    with Client(server.endpoint) as client:
+        client.create_queue("spelled", {"visibility": "10s"})
+        assert client.set_queue_attributes("spelled", {"visibilityTimeout": "20s"})["visibility_timeout_ms"] == 20_000
+        assert client.set_queue_attributes("spelled", {"visibility_timeout": "7s"})["visibility_timeout_ms"] == 7_000
+        with pytest.raises(InvalidArgument, match="visibilityTimeout and visibility set the same setting"):
+            client.create_queue("doubly", {"visibilityTimeout": "20s", "visibility": "10s"})
+    server.restart()
+    with Client(server.endpoint) as client:
+        assert client.queue_settings("spelled")["visibility_timeout_ms"] == 7_000
+
+
 def test_a_receipt_of_a_deleted_queue_does_not_act_on_the_queue_created_in_its_place(server: ServerProcess) -> None:
     """The new queue numbers its messages from 1 again: a receipt names its claim by
     shard, number, epoch and claim token, and the old queue's first claim once matched

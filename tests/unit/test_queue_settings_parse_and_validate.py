@@ -3,12 +3,14 @@ are refused with the setting's name."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from shard_server.domain.validation import validate_message
 from shardq.durations import format_duration_ms, parse_duration_ms
 from shardq.errors import InvalidArgument
-from shardq.queues import SETTING_NAMES, QueueConfig, parse_queue_option, queue_config_from_spec
+from shardq.queues import SETTING_NAMES, QueueConfig, merged_spec, parse_queue_option, queue_config_from_spec
 
 
 def test_command_line_spec() -> None:
@@ -52,6 +54,48 @@ def test_queue_resource_spec_with_camel_case_and_redrive_policy() -> None:
 def test_bad_settings_name_the_problem(spec: str, problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
         parse_queue_option(spec)
+
+
+@pytest.mark.parametrize(
+    ("spec", "keys"),
+    [
+        ({"visibilityTimeout": "20s", "visibility": "10s"}, "visibilityTimeout and visibility"),
+        ({"visibility_timeout": "20s", "visibilityTimeout": "10s"}, "visibility_timeout and visibilityTimeout"),
+        ({"maxMessageBytes": "1KiB", "max_message_size": "2KiB"}, "maxMessageBytes and max_message_size"),
+        (
+            {"dlq": "a", "redrivePolicy": {"deadLetterQueue": "b", "maxReceiveCount": 2}},
+            "dlq and redrivePolicy.deadLetterQueue",
+        ),
+    ],
+)
+def test_two_keys_for_one_setting_are_refused_naming_both(spec: dict[str, object], keys: str) -> None:
+    """Whichever came last once won, silently."""
+    with pytest.raises(ValueError, match=f"{keys} set the same setting"):
+        queue_config_from_spec("orders", spec)
+
+
+def test_a_key_given_twice_on_the_command_line_is_refused() -> None:
+    with pytest.raises(ValueError, match="visibility is given twice"):
+        parse_queue_option("orders:visibility=1s,visibility=2s")
+
+
+@pytest.mark.parametrize("seconds", [math.inf, math.nan, -1, 10**30])
+def test_a_bare_number_that_is_no_duration_is_refused(seconds: float) -> None:
+    with pytest.raises(ValueError, match=r"visibility: .* is not a duration"):
+        queue_config_from_spec("orders", {"visibility": seconds})
+
+
+def test_a_change_replaces_the_setting_however_either_key_is_spelled() -> None:
+    assert merged_spec({"visibility": "10s", "shards": "2"}, {"visibilityTimeout": "20s"}) == {
+        "shards": "2",
+        "visibilityTimeout": "20s",
+    }
+    # One half of a redrive policy changed: the other half stays.
+    assert merged_spec(
+        {"redrivePolicy": {"deadLetterQueue": "dlq", "maxReceiveCount": 3}}, {"max_receive_count": "5"}
+    ) == {"deadLetterQueue": "dlq", "max_receive_count": "5"}
+    config = queue_config_from_spec("orders", merged_spec({"visibility": "10s"}, {"visibility_timeout": "20s"}))
+    assert config.visibility_timeout_ms == 20_000
 
 
 @pytest.mark.parametrize(
