@@ -184,6 +184,13 @@ class _QueueRoutes:
     leaders: list[str]
 
 
+def _check_receive_count(max_messages: int) -> None:
+    """A count the request cannot hold (negative, or past uint32) raised protobuf's bare
+    ValueError: refused here as the server refuses the counts it can hold but not take."""
+    if not 0 <= max_messages < 2**32:
+        raise InvalidArgument("max_messages", f"must be 1..{MAX_RECEIVE_BATCH}, got {max_messages}")
+
+
 class AsyncClient:
     """asyncio client for a shardq server or cluster. Use `async with AsyncClient(...)`.
 
@@ -560,6 +567,7 @@ class AsyncClient:
         timeout share a request, as deletes do: the server claims each caller's share
         as that caller's own receive would, in the same commits. Long polls go alone:
         a shared one would hold every caller until the slowest share ended."""
+        _check_receive_count(max_messages)
         if wait_time_ms == 0 and 1 <= max_messages <= MAX_RECEIVE_BATCH:
             return await self._receiver(queue, visibility_timeout_ms).add(max_messages)
         return (await self._receive_now(queue, visibility_timeout_ms, [max_messages], wait_time_ms=wait_time_ms))[0]
@@ -817,6 +825,7 @@ class AsyncClient:
     async def peek_messages(self, queue: str, *, max_messages: int = 10) -> list[ReceivedMessage]:
         """Look at the messages a receive would hand out now, without claiming them
         (no receipts; receive counts and visibility do not change)."""
+        _check_receive_count(max_messages)
         request = queue_pb2.ReceiveMessagesRequest(queue=queue, max_messages=max_messages, peek=True)
         return received_from_proto(await self._unary(self._stub.ReceiveMessages, request, queue=queue))
 
@@ -849,6 +858,9 @@ class AsyncClient:
     async def redrive(
         self, *, source: str, destination: str, rate_per_second: float = 0, max_messages: int = 0
     ) -> AsyncIterator[RedriveProgress]:
+        if not 0 <= max_messages < 2**32:
+            # Checked here: the request cannot hold it (protobuf raised a bare ValueError).
+            raise InvalidArgument("max_messages", f"must be 0 (all) or a count up to {2**32 - 1}, got {max_messages}")
         request = queue_pb2.RedriveRequest(
             source=source, destination=destination, rate_per_second=rate_per_second, max_messages=max_messages
         )

@@ -60,6 +60,15 @@ INVALID: list[tuple[str, str, BadCall]] = [
     ("absurd wait", "wait_time_ms", lambda c: c.receive_messages(QUEUE, wait_time_ms=DAY_MS)),
     ("zero max messages", "max_messages", lambda c: c.receive_messages(QUEUE, max_messages=0)),
     ("too many max messages", "max_messages", lambda c: c.receive_messages(QUEUE, max_messages=1001)),
+    # Counts a request cannot hold: protobuf's bare ValueError once reached the caller.
+    ("negative max messages", "max_messages", lambda c: c.receive_messages(QUEUE, max_messages=-1)),
+    ("max messages past uint32", "max_messages", lambda c: c.receive_messages(QUEUE, max_messages=2**32)),
+    ("negative peek", "max_messages", lambda c: c.peek_messages(QUEUE, max_messages=-1)),
+    (
+        "negative redrive count",
+        "max_messages",
+        lambda c: list(c.redrive(source="orders-dlq", destination=QUEUE, max_messages=-1)),
+    ),
     ("no receipts", "receipts", lambda c: c.delete_messages(QUEUE, [])),
     ("too many receipts", "receipts", lambda c: c.delete_messages(QUEUE, ["r"] * 1001)),
     (
