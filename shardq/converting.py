@@ -45,5 +45,7 @@ def received_from_proto(response: queue_pb2.ReceiveMessagesResponse) -> list[Rec
 
 
 def settings_from_proto(config: queue_pb2.QueueConfig) -> dict[str, Any]:
-    """A queue's settings by name (durations in ms), name excluded."""
-    return {field.name: value for field, value in config.ListFields() if field.name != "name"}
+    """A queue's settings by name (durations in ms), name excluded. Every one, zeros
+    too: ListFields leaves out proto3's zero values, and a queue with a visibility
+    timeout or dedup window of 0 read as if it had the defaults."""
+    return {field.name: getattr(config, field.name) for field in config.DESCRIPTOR.fields if field.name != "name"}

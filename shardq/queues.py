@@ -191,7 +191,9 @@ class _Fields(dict[str, Any]):
     def set(self, field: str, key: str, value: Any) -> None:
         earlier = self._keys.get(field)
         if earlier is not None:
-            raise ValueError(f"{earlier} and {key} set the same setting: give one of them")
+            # Sorted: a spec from a protobuf map (CreateQueue's settings) has no order.
+            first, second = sorted((earlier, key))
+            raise ValueError(f"{first} and {second} set the same setting: give one of them")
         self._keys[field] = key
         self[field] = value
 

@@ -142,6 +142,22 @@ class QueueAdmin:
                 f"this server's queues are defined by {self.managed_by}: {verb} queue {name!r} there"
             )
 
+    def _refuse_what_one_server_cannot_keep(self, config: QueueConfig) -> None:
+        """Settings this server would take and not honour. A dead-letter queue that does
+        not exist held each dead letter as pending for good, as SQS refuses such a
+        policy; replicas on a standalone server were listed and never made."""
+        dead_letters = config.dead_letter_queue
+        if dead_letters and dead_letters != config.name and dead_letters not in self.host.queues:
+            raise InvalidArgument(
+                "settings", f"deadLetterQueue: queue {dead_letters!r} does not exist: create it first"
+            )
+        if config.replicas > 1 and self.map_file is None:
+            raise InvalidArgument(
+                "settings",
+                f"replicas: {config.replicas} copies need a cluster (shardq local up, or the operator); "
+                "a standalone server keeps one",
+            )
+
     def _refuse_if_static(self, verb: str, name: str) -> None:
         if name in self.static:
             raise QueueManagedElsewhere(
@@ -160,6 +176,7 @@ class QueueAdmin:
                 if existing.config != config:
                     raise QueueExists(name)
                 return existing, False
+            self._refuse_what_one_server_cannot_keep(config)
             if self.map_file is not None:
                 await self._change_map(functools.partial(with_queue_added, queue=QueueEntry(name, dict(settings))))
                 log.info("created queue %s in the cluster map", name)
@@ -174,8 +191,6 @@ class QueueAdmin:
             queue = await asyncio.to_thread(self.host.open_queue, config)
             self.catalog.save(saved)
             self.open_hosted(queue)
-        if config.dead_letter_queue and config.dead_letter_queue not in self.host.queues:
-            log.warning("queue %s: its dead-letter queue %s does not exist yet", name, config.dead_letter_queue)
         log.info("created queue %s", name)
         return queue, True
 
@@ -210,6 +225,7 @@ class QueueAdmin:
             saved = self.catalog.load()
             merged = merged_spec(saved.get(name, {}), settings)
             config = parse_settings(name, merged)
+            self._refuse_what_one_server_cannot_keep(config)
             current = queue.config
             changed = sorted(
                 key for key, field in IMMUTABLE_SETTINGS.items() if getattr(config, field) != getattr(current, field)
@@ -231,7 +247,7 @@ class QueueAdmin:
         assert cluster is not None
         current = next(entry for entry in cluster.queues if entry.name == name)
         merged = merged_spec(current.spec, settings)
-        parse_settings(name, merged)
+        self._refuse_what_one_server_cannot_keep(parse_settings(name, merged))
         await self._change_map(functools.partial(with_queue_changed, queue=QueueEntry(name, merged)))
         log.info(
             "changed queue %s in the cluster map: %s", name, ", ".join(f"{k}={v}" for k, v in sorted(settings.items()))

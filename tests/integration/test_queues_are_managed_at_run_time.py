@@ -80,6 +80,24 @@ def test_a_deleted_queue_is_gone_with_its_data_also_after_a_restart(server: Serv
         assert stored_count(client, "temporary") == 0
 
 
+def test_settings_one_server_would_not_honour_are_refused(server: ServerProcess) -> None:
+    """A dead-letter queue that does not exist held every dead letter as pending for
+    good; replicas on a standalone server were listed and never made."""
+    with Client(server.endpoint) as client:
+        with pytest.raises(InvalidArgument, match="deadLetterQueue: queue 'nope' does not exist: create it first"):
+            client.create_queue("jobs", {"dlq": "nope", "maxReceiveCount": "3"})
+        with pytest.raises(InvalidArgument, match="replicas: 3 copies need a cluster"):
+            client.create_queue("jobs", {"replicas": "3"})
+        assert "jobs" not in client.list_queues()
+        client.create_queue("jobs")
+        with pytest.raises(InvalidArgument, match="queue 'nope' does not exist"):
+            client.set_queue_attributes("jobs", {"dlq": "nope", "maxReceiveCount": "3"})
+        assert client.queue_settings("jobs")["dead_letter_queue"] == ""
+        client.create_queue("jobs-dlq")
+        client.set_queue_attributes("jobs", {"dlq": "jobs-dlq", "maxReceiveCount": "3"})
+        assert client.queue_settings("jobs")["dead_letter_queue"] == "jobs-dlq"
+
+
 def test_a_setting_changes_whichever_spelling_created_it(server: ServerProcess) -> None:
     """The saved settings and the change were merged key by key: `visibilityTimeout`
     beside the `visibility` the queue was created with left two keys for one setting."""
@@ -87,7 +105,9 @@ def test_a_setting_changes_whichever_spelling_created_it(server: ServerProcess) 
         client.create_queue("spelled", {"visibility": "10s"})
         assert client.set_queue_attributes("spelled", {"visibilityTimeout": "20s"})["visibility_timeout_ms"] == 20_000
         assert client.set_queue_attributes("spelled", {"visibility_timeout": "7s"})["visibility_timeout_ms"] == 7_000
-        with pytest.raises(InvalidArgument, match="visibilityTimeout and visibility set the same setting"):
+        # Zero is a setting too: it was left out, and read as the default.
+        assert client.set_queue_attributes("spelled", {"dedupWindow": "0s"})["dedup_window_ms"] == 0
+        with pytest.raises(InvalidArgument, match="visibility and visibilityTimeout set the same setting"):
             client.create_queue("doubly", {"visibilityTimeout": "20s", "visibility": "10s"})
     server.restart()
     with Client(server.endpoint) as client:

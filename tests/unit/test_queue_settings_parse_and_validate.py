@@ -59,8 +59,8 @@ def test_bad_settings_name_the_problem(spec: str, problem: str) -> None:
 @pytest.mark.parametrize(
     ("spec", "keys"),
     [
-        ({"visibilityTimeout": "20s", "visibility": "10s"}, "visibilityTimeout and visibility"),
-        ({"visibility_timeout": "20s", "visibilityTimeout": "10s"}, "visibility_timeout and visibilityTimeout"),
+        ({"visibilityTimeout": "20s", "visibility": "10s"}, "visibility and visibilityTimeout"),
+        ({"visibility_timeout": "20s", "visibilityTimeout": "10s"}, "visibilityTimeout and visibility_timeout"),
         ({"maxMessageBytes": "1KiB", "max_message_size": "2KiB"}, "maxMessageBytes and max_message_size"),
         (
             {"dlq": "a", "redrivePolicy": {"deadLetterQueue": "b", "maxReceiveCount": 2}},
