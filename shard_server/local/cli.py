@@ -24,7 +24,13 @@ from shard_server.local.cluster_files import (
     write_cluster_file,
 )
 from shard_server.local.observing import fetch_all_replica_status
-from shard_server.local.processes import is_cluster_server, process_is_alive, server_log_path, wall_clock_ms
+from shard_server.local.processes import (
+    is_cluster_server,
+    ports_taken,
+    process_is_alive,
+    server_log_path,
+    wall_clock_ms,
+)
 from shard_server.local.statuses import build_cluster_status, cluster_status_to_json, format_cluster_status
 from shard_server.local.supervising import Supervisor, SupervisorSettings, read_shard_leases
 from shardq.coordination.cluster_map import CLUSTER_FILE, ClusterMap
@@ -65,13 +71,17 @@ def up_command(
     data_dir = data_dir.absolute()
     _refuse_if_supervised(data_dir)
     try:
+        lease_duration_ms = parse_duration_ms(lease_duration)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--lease-duration") from None
+    try:
         cluster = _load_or_create_cluster(
             data_dir,
             server_count=server_count,
             queue_args=queue_args,
             base_port=base_port,
             metrics_base_port=metrics_base_port if metrics_base_port is not None else base_port + METRICS_PORT_OFFSET,
-            lease_duration_ms=parse_duration_ms(lease_duration),
+            lease_duration_ms=lease_duration_ms,
         )
     except ValueError as error:
         raise click.ClickException(str(error)) from None
@@ -154,6 +164,7 @@ def _load_or_create_cluster(
             len(cluster.servers),
             ", ".join(queue.name for queue in cluster.queues),
         )
+        _refuse_taken_ports(cluster, "stop what holds them (this cluster's ports are in its cluster file)")
         return cluster
     if not queue_args:
         raise ValueError("give at least one --queue for a new cluster")
@@ -164,9 +175,17 @@ def _load_or_create_cluster(
         metrics_base_port=metrics_base_port,
         lease_duration_ms=lease_duration_ms,
     )
+    # Before the cluster file is written: it would keep these ports for every later `up`.
+    _refuse_taken_ports(cluster, "stop what holds them, or choose others with --base-port and --metrics-base-port")
     data_dir.mkdir(parents=True, exist_ok=True)
     log.info("wrote %s", write_cluster_file(data_dir, cluster))
     return cluster
+
+
+def _refuse_taken_ports(cluster: ClusterMap, remedy: str) -> None:
+    taken = ports_taken(list(cluster.servers.values()))
+    if taken:
+        raise ValueError(f"ports in use; {remedy}:\n  " + "\n  ".join(taken))
 
 
 def _refuse_if_supervised(data_dir: pathlib.Path) -> None:

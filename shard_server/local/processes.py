@@ -13,6 +13,7 @@ import dataclasses
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -157,6 +158,25 @@ def stop_servers(servers: Sequence[ManagedServer], *, deadline_s: float, report:
             server.send_signal(signal.SIGKILL)
             if server.process is not None:
                 server.process.wait(timeout=deadline_s)
+
+
+def ports_taken(servers: Sequence[ServerEntry]) -> list[str]:
+    """What holds a port one of `servers` would listen on, a line each. A server that
+    cannot listen was restarted with back-off for good, and `up` never said why."""
+    taken = []
+    for server in servers:
+        for kind, address in (("gRPC", server.address), ("metrics", server.metrics_address)):
+            if not address:
+                continue
+            host, _, port = address.rpartition(":")
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                # As gRPC and the metrics server bind: a port in TIME_WAIT is not taken.
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    probe.bind((host or "127.0.0.1", int(port)))
+                except OSError as error:
+                    taken.append(f"{server.server_id}'s {kind} address {address}: {error.strerror or error}")
+    return taken
 
 
 def process_is_alive(pid: int) -> bool:

@@ -12,6 +12,7 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -298,6 +299,26 @@ def test_a_second_supervisor_on_the_same_data_dir_is_refused(cluster: LocalClust
     assert b"already runs the cluster" in result.stderr
     assert cluster.process is not None
     assert cluster.record()["pid"] == cluster.process.pid
+
+
+def test_a_port_in_use_stops_up_at_once_naming_the_server_and_port(tmp_path: pathlib.Path) -> None:
+    """The server that could not listen was restarted with back-off for good, and `up`
+    never said why nor exited."""
+    base_port, metrics_base_port = free_port_block(2)
+    data_dir = tmp_path / "cluster"
+    command = [
+        sys.executable, "-m", "shardq", "local", "up", "--data-dir", str(data_dir), "--servers", "2",
+        "--base-port", str(base_port), "--metrics-base-port", str(metrics_base_port), "--queue", "q:replicas=2",
+    ]  # fmt: skip
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", base_port + 1))
+        holder.listen()
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1, result.stderr
+    assert f"s2's gRPC address 127.0.0.1:{base_port + 1}: Address already in use" in result.stderr
+    assert "Traceback" not in result.stderr
+    # Nothing was written that would keep the taken port for the next `up`.
+    assert not (data_dir / "cluster.json").exists()
 
 
 def test_a_paused_leader_loses_its_shards_once_its_leases_expire(cluster: LocalCluster) -> None:
