@@ -89,7 +89,8 @@ def validate_queue_config(config: QueueConfig) -> None:
         (config.dead_letter_queue != config.name, "a queue cannot be its own dead-letter queue"),
         (
             bool(config.dead_letter_queue) == (config.max_receive_count > 0),
-            "dead_letter_queue and max_receive_count go together",
+            "dead_letter_queue and max_receive_count go together "
+            "(to remove a redrive policy, set deadLetterQueue= and maxReceiveCount=0)",
         ),
     ]
     for ok, problem in checks:
