@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from shardq import event_loops
 from shardq.aio import DEFAULT_ENDPOINT, AsyncClient
 from shardq.consumer import ConsumerStats, run_consumer
+from shardq.grpc_loop_noise import ignore_grpc_poller_noise
 from shardq.types import EntryResult, Message, QueueAttributes, ReceivedMessage, RedriveProgress, SendResult, ShardRoute
 
 T = TypeVar("T")
@@ -29,6 +30,7 @@ class Client:
         # uvloop when installed (SHARDQ_EVENT_LOOP=asyncio for the standard loop): a call
         # costs about a third less client CPU and latency on it.
         self._loop = event_loops.loop_factory(event_loops.from_environment())()
+        ignore_grpc_poller_noise(self._loop)
         self._thread = threading.Thread(target=self._loop.run_forever, name="shardq-client", daemon=True)
         self._thread.start()
         self._async = self._run(self._create(endpoint, route_directly))
