@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 
 import grpc
 
 from shardq import AsyncClient, Client, Message
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
-from tests.support.servers import ServerProcess, drain, stored_count
+from tests.integration.scraping import scraped_total
+from tests.support.servers import ServerProcess, drain, stored_count, wait_for
 
 QUEUE = "orders"
 
@@ -77,3 +80,77 @@ def test_messages_claimed_by_a_vanished_stream_come_back(server: ServerProcess) 
             assert more, "claimed messages did not come back after their visibility timeout"
             returned += more
         assert sorted(m.body for m in returned) == sorted(b"claimed %d" % i for i in range(5))
+
+
+KILLED_CLIENT = """
+import asyncio, sys
+import grpc
+from shardq.api.v1 import queue_pb2, queue_pb2_grpc
+
+async def main() -> None:
+    channel = grpc.aio.insecure_channel(sys.argv[1])
+    stub = queue_pb2_grpc.QueueServiceStub(channel)
+
+    async def consume_requests():
+        yield queue_pb2.ConsumeRequest(start=queue_pb2.ConsumeStart(queue="orders", max_batch=1))
+        yield queue_pb2.ConsumeRequest(credits=2)
+        await asyncio.sleep(3600)
+
+    async def send_requests():
+        for n in range(100_000):
+            batch = queue_pb2.SendMessagesRequest(queue="orders", messages=[queue_pb2.MessageToSend(body=b"s")])
+            yield queue_pb2.SendStreamRequest(request_id=n, batch=batch)
+            await asyncio.sleep(0.01)
+
+    async def read(call) -> None:
+        async for _ in call:
+            pass
+
+    calls = [stub.ConsumeStream(consume_requests()) for _ in range(5)]
+    calls += [stub.SendStream(send_requests()) for _ in range(3)]
+    readers = [asyncio.create_task(read(call)) for call in calls]
+    await asyncio.sleep(1)
+    print("open", flush=True)
+    await asyncio.gather(*readers)
+
+asyncio.run(main())
+"""
+
+
+def test_streams_of_a_killed_client_are_counted_cancelled_not_ok(server: ServerProcess) -> None:
+    """Streams with messages pushed and sends answered when their client is SIGKILLed."""
+    with Client(server.endpoint) as client:
+        client.send_messages(QUEUE, [Message(b"pushed %d" % n) for n in range(20)])
+
+    def counted(method: str, code: str) -> float:
+        return scraped_total(server.metrics_url, "shardq_requests_total", method=method, code=code)
+
+    streams = ("QueueService/ConsumeStream", "QueueService/SendStream")
+    before = {(method, code): counted(method, code) for method in streams for code in ("OK", "CANCELLED")}
+    client = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, server.endpoint], stdout=subprocess.PIPE)
+    try:
+        assert client.stdout is not None
+        assert client.stdout.readline() == b"open\n"
+        wait_for(
+            lambda: scraped_total(server.metrics_url, "shardq_open_streams", method=streams[0]) >= 5 or None,
+            timeout=10,
+            what="the five consume streams to open",
+        )
+    finally:
+        client.kill()
+        client.wait()
+        if client.stdout is not None:
+            client.stdout.close()
+
+    def all_ended() -> bool | None:
+        ended = counted(streams[0], "CANCELLED") - before[(streams[0], "CANCELLED")]
+        return ended == 5 or None
+
+    wait_for(all_ended, timeout=15, what="the killed client's consume streams to end")
+    wait_for(
+        lambda: counted(streams[1], "CANCELLED") - before[(streams[1], "CANCELLED")] == 3 or None,
+        timeout=15,
+        what="the killed client's producer streams to end",
+    )
+    for method in streams:
+        assert counted(method, "OK") == before[(method, "OK")], f"{method}: a killed client's stream counted OK"
