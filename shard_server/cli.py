@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import pathlib
+import re
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 import yaml
@@ -25,7 +27,11 @@ from shardq.queues import QueueConfig, parse_queue_option, queue_config_from_spe
 
 def load_queue_file(path: pathlib.Path) -> list[QueueConfig]:
     """queues.yaml: `queues: {name: {spec as in a Queue resource}}` or a list of {name, ...}."""
-    data = yaml.safe_load(path.read_text()) or {}
+    text = path.read_bytes()
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as error:
+        raise ValueError(f"{path}: {describe_yaml_error(error, text)}") from None
     entries = data.get("queues", data) if isinstance(data, dict) else data
     if isinstance(entries, dict):
         return [queue_config_from_spec(str(name), spec or {}) for name, spec in entries.items()]
@@ -40,6 +46,47 @@ def load_queue_file(path: pathlib.Path) -> list[QueueConfig]:
     raise ValueError(f"{path}: expected a mapping of queue names or a list of queues")
 
 
+def describe_yaml_error(error: yaml.YAMLError, text: bytes) -> str:
+    """One line where PyYAML writes several: what is wrong, at which line and column."""
+    if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
+        mark = error.problem_mark
+        context = f" ({error.context})" if error.context else ""
+        return f"not valid YAML at line {mark.line + 1}, column {mark.column + 1}: {error.problem}{context}"
+    if isinstance(error, yaml.reader.ReaderError) and isinstance(error.character, int):
+        # PyYAML gives only an offset: in bytes for bytes that do not decode, in characters
+        # for a character YAML does not allow.
+        decoded = text.decode("utf-8", "replace")
+        allowed = error.encoding == "unicode"
+        offset = error.position if allowed else len(text[: error.position].decode("utf-8", "replace"))
+        line = decoded.count("\n", 0, offset) + 1
+        column = offset - decoded.rfind("\n", 0, offset)
+        what = f"character {chr(error.character)!r}" if allowed else f"byte 0x{error.character:02x}"
+        return f"not valid YAML at line {line}, column {column}: {what} ({error.reason})"
+    return "not valid YAML: " + " ".join(str(error).split())
+
+
+# What --map-size takes: a number of bytes, maybe with a binary unit.
+SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]*)")
+SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+class ByteSize(click.ParamType[int]):
+    """A number of bytes, whole or with a binary unit: 1048576, 256MiB, 1.5GiB."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        match = SIZE.fullmatch(str(value).strip().lower())
+        if match is None or match.group(2) not in SIZE_UNITS:
+            self.fail(f"{value!r} is not a size: use e.g. 256MiB, 64GiB or a number of bytes", param, ctx)
+        size = float(match.group(1)) * SIZE_UNITS[match.group(2)]
+        if not (math.isfinite(size) and size >= 1):
+            self.fail(f"{value!r} is not a size of at least 1 byte", param, ctx)
+        return int(size)
+
+
 @click.command("serve")
 @click.option("--data-dir", required=True, type=click.Path(file_okay=False, path_type=pathlib.Path))
 @click.option("--host", default="127.0.0.1", show_default=True)
@@ -47,7 +94,7 @@ def load_queue_file(path: pathlib.Path) -> list[QueueConfig]:
 @click.option("--metrics-port", type=int, default=None, help="serve Prometheus /metrics here")
 @click.option("--queue", "queue_specs", multiple=True, help="name[:shards=4,fifo=true,visibility=30s,...]")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=pathlib.Path))
-@click.option("--map-size", default="64GiB", show_default=True, help="LMDB map size per shard")
+@click.option("--map-size", type=ByteSize(), default="64GiB", show_default=True, help="LMDB map size per shard")
 @click.option(
     "--writer-threads",
     default=1,
@@ -137,7 +184,7 @@ def serve_command(
     metrics_port: int | None,
     queue_specs: tuple[str, ...],
     config_file: pathlib.Path | None,
-    map_size: str,
+    map_size: int,
     writer_threads: int,
     commit_ahead: bool,
     log_format: str,
@@ -163,7 +210,6 @@ def serve_command(
         if cluster_file is not None:
             cluster = read_cluster_map(cluster_file)
             configs += cluster.queue_configs()
-        size = _parse_size(map_size)
         loop = event_loops.resolve(event_loop)
         try:
             sync_before_ready_ms = parse_duration_ms(sync_before_ready)
@@ -213,7 +259,7 @@ def serve_command(
             host=host,
             port=port,
             metrics_port=metrics_port,
-            map_size=size,
+            map_size=map_size,
             writer_threads=writer_threads,
             commit_ahead=commit_ahead,
             cluster=cluster,
@@ -275,12 +321,3 @@ def open_lease_store(
             yield store
         finally:
             store.close()
-
-
-def _parse_size(text: str) -> int:
-    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-    lowered = text.strip().lower()
-    for suffix, factor in units.items():
-        if lowered.endswith(suffix):
-            return int(float(lowered.removesuffix(suffix)) * factor)
-    return int(lowered)

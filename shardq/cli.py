@@ -13,12 +13,14 @@ import dataclasses
 import functools
 import hashlib
 import importlib.metadata
+import io
 import json
 import math
 import pathlib
+import re
 import sys
-from collections.abc import Callable, Iterator
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, BinaryIO, ParamSpec, TypeVar
 
 import click
 
@@ -32,6 +34,22 @@ from shardq.types import Message, QueueAttributes, ReceivedMessage
 P = ParamSpec("P")
 R = TypeVar("R")
 FILE_BATCH = 100
+# The keys a `send --file` line may have; any other is refused, so a typo ("dedupId")
+# is not silently dropped.
+FILE_LINE_KEYS = ("body", "body_base64", "attributes", "group_id", "dedup_id", "delay")
+# The field path of a whole-request refusal that one message of the batch caused.
+FIELD_OF_A_MESSAGE = re.compile(r"messages\[(\d+)\]")
+# What gRPC says when the endpoint's host name does not resolve: the older resolvers'
+# words and those of the current one (grpcio 1.85: "errors resolving garbage: ...
+# Domain name not found").
+UNRESOLVED_HOST_TEXTS = (
+    "errors resolving",
+    "Domain name not found",
+    "DNS resolution failed",
+    "Name or service not known",
+    "nodename nor servname provided",
+    "Temporary failure in name resolution",
+)
 
 
 class Duration(click.ParamType[int]):
@@ -63,9 +81,22 @@ class Rate(click.ParamType[float]):
 DURATION = Duration()
 
 
+def host_of(endpoint: str) -> str:
+    """The host part of a gRPC target: `dns:///h:7600`, `h:7600`, `[::1]:7600` or `h`."""
+    target = endpoint.rpartition("///")[2]
+    host, colon, port = target.rpartition(":")
+    if not colon or not port.isdigit() or (":" in host and not host.startswith("[")):
+        return target
+    return host.removeprefix("[").removesuffix("]")
+
+
 def explain(error: ShardqError, endpoint: str | None) -> str:
     """One line saying what went wrong and what to check; transport failures in words."""
     text = str(error)
+    if error.reason is Reason.UNAVAILABLE and error.message.startswith(f"{Reason.UNAVAILABLE}: "):
+        # A transport failure's message starts with its gRPC status code, which for
+        # UNAVAILABLE repeats the reason: say it once.
+        text = error.message
     if error.reason is not Reason.UNAVAILABLE or endpoint is None:
         return text
     if "Connection refused" in text:
@@ -80,8 +111,10 @@ def explain(error: ShardqError, endpoint: str | None) -> str:
         )
     if "Deadline" in text or "timed out" in text.lower():
         return f"{endpoint} did not answer in time: check that the server is up and reachable ({text})"
-    if "DNS resolution failed" in text or "Name or service not known" in text:
-        return f"cannot resolve the host of {endpoint}: check --endpoint."
+    if any(words in text for words in UNRESOLVED_HOST_TEXTS):
+        return (
+            f"cannot resolve host {host_of(endpoint)!r} (from --endpoint/SHARDQ_ENDPOINT {endpoint!r}): check the name"
+        )
     return f"{endpoint}: {text}"
 
 
@@ -138,6 +171,14 @@ def parse_attributes(items: tuple[str, ...]) -> dict[str, str]:
     return attributes
 
 
+def optional_string(data: dict[str, Any], key: str, number: int) -> str:
+    """A line's optional string field: "" when absent; a whole number is taken as its digits."""
+    value = data.get(key, "")
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise click.ClickException(f"line {number}: {key} must be a string")
+    return str(value)
+
+
 def message_from_json_line(line: str, number: int) -> Message:
     try:
         data = json.loads(line)
@@ -145,6 +186,16 @@ def message_from_json_line(line: str, number: int) -> Message:
         raise click.ClickException(f"line {number}: not JSON ({error.msg})") from None
     if not isinstance(data, dict):
         raise click.ClickException(f"line {number}: expected a JSON object")
+    unknown = sorted(set(data) - set(FILE_LINE_KEYS))
+    if unknown:
+        raise click.ClickException(
+            f"line {number}: unknown key(s) {', '.join(map(repr, unknown))}; the keys are {', '.join(FILE_LINE_KEYS)}"
+        )
+    # null is absent, as a missing key is: code that writes every key ("dedup_id": null)
+    # must not send the dedup id "None", which made such lines duplicates of each other.
+    data = {key: value for key, value in data.items() if value is not None}
+    if "body" in data and "body_base64" in data:
+        raise click.ClickException(f"line {number}: give 'body' or 'body_base64', not both")
     if "body_base64" in data:
         try:
             body = base64.b64decode(data["body_base64"], validate=True)
@@ -162,25 +213,65 @@ def message_from_json_line(line: str, number: int) -> Message:
     attributes = data.get("attributes", {})
     if not isinstance(attributes, dict) or not all(isinstance(v, str) for v in attributes.values()):
         raise click.ClickException(f"line {number}: attributes must map strings to strings")
-    return Message(body, attributes, str(data.get("group_id", "")), str(data.get("dedup_id", "")), delay_ms)
+    group_id = optional_string(data, "group_id", number)
+    dedup_id = optional_string(data, "dedup_id", number)
+    return Message(body, attributes, group_id, dedup_id, delay_ms)
 
 
-def read_jsonl(path: pathlib.Path, *, line_dedup: bool) -> Iterator[Message]:
-    """Messages of a JSON-lines file (`-`: stdin). With `line_dedup`, a message without a
-    dedup id gets one derived from its line number and content, so sending the same
-    file again stores nothing twice (within the queue's dedup window)."""
-    lines = sys.stdin if str(path) == "-" else path.open()
+def refuse_unless_utf8(line: str, number: int) -> None:
+    """Refuse a line read with surrogate escapes that held bytes which are not UTF-8."""
+    try:
+        line.encode()
+    except UnicodeEncodeError as error:
+        # surrogateescape reads byte b as the code point U+DC00 + b.
+        byte = ord(line[error.start]) - 0xDC00
+        raise click.ClickException(
+            f"line {number}: not UTF-8 text (byte 0x{byte:02x} at column {error.start + 1})"
+        ) from None
+
+
+def read_jsonl(path: pathlib.Path, *, line_dedup: bool) -> Iterator[tuple[int, Message]]:
+    """Messages of a JSON-lines file (`-`: stdin), each with its line number. With
+    `line_dedup`, a message without a dedup id gets one derived from its line number and
+    content, so sending the same file again stores nothing twice (within the queue's
+    dedup window)."""
+    # Bytes that are not UTF-8 are read as surrogate escapes and refused line by line: a
+    # decode error raised by the stream would not say which line, and stdin (which the
+    # locale may decode differently) must read as a file does.
+    from_stdin = str(path) == "-"
+    source: BinaryIO = sys.stdin.buffer if from_stdin else path.open("rb")
+    lines = io.TextIOWrapper(source, encoding="utf-8", errors="surrogateescape")
     try:
         for number, line in enumerate(lines, start=1):
             if line.strip():
+                refuse_unless_utf8(line, number)
                 message = message_from_json_line(line, number)
                 if line_dedup and not message.dedup_id:
                     digest = hashlib.sha256(line.strip().encode()).hexdigest()[:24]
                     message = dataclasses.replace(message, dedup_id=f"line{number}:{digest}")
-                yield message
+                yield number, message
     finally:
-        if lines is not sys.stdin:
+        if from_stdin:
+            lines.detach()  # closing the wrapper would close the process's stdin
+        else:
             lines.close()
+
+
+def explain_refused_batch(
+    error: ShardqError, *, endpoint: str, line_numbers: Sequence[int], acknowledged: int, total: int
+) -> str:
+    """A `send --file` batch the server refused whole, in the file's terms: the line of the
+    message at fault when the error names one (`messages[i]...`), and what was stored."""
+    match = FIELD_OF_A_MESSAGE.match(error.field) or FIELD_OF_A_MESSAGE.match(error.message)
+    if match is None or int(match.group(1)) >= len(line_numbers):
+        so_far = f"{acknowledged} of {total} messages acknowledged before line {line_numbers[0]}"
+        return f"{explain(error, endpoint)} ({so_far})"
+    # The index counts the messages of the refused request, which is this batch; the
+    # server refuses such a request whole, so nothing of the batch was stored.
+    return (
+        f"line {line_numbers[int(match.group(1))]}: {error} ({acknowledged} of {total} messages acknowledged "
+        f"before it; its batch, from line {line_numbers[0]}, stored nothing)"
+    )
 
 
 @click.group()
@@ -197,7 +288,8 @@ def main() -> None:
     "--file",
     "file_",
     type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=pathlib.Path),
-    help="JSON lines (- for stdin): {body | body_base64, attributes, group_id, dedup_id, delay}",
+    help="JSON lines (- for stdin): {body | body_base64, attributes, group_id, dedup_id, delay}; "
+    "null is the same as absent",
 )
 @click.option(
     "--line-dedup/--no-line-dedup",
@@ -226,6 +318,19 @@ def send(
     """Send one message (--body) or many (--file, with a progress bar)."""
     if (body is None) == (file_ is None):
         raise click.UsageError("give exactly one of --body or --file")
+    if file_ is not None:
+        given = {
+            "--delay": delay is not None,
+            "--attr": bool(attrs),
+            "--group": bool(group_id),
+            "--dedup-id": bool(dedup_id),
+        }
+        refused = [option for option, is_given in given.items() if is_given]
+        if refused:
+            raise click.UsageError(
+                f"{', '.join(refused)} cannot be used with --file: a --file line carries its own "
+                "delay, attributes, group_id and dedup_id"
+            )
     with Client(endpoint) as client:
         if body is not None:
             message = Message(body.encode(), parse_attributes(attrs), group_id, dedup_id, delay)
@@ -241,16 +346,31 @@ def send(
         sent = duplicates = 0
         from tqdm import tqdm
 
-        messages = list(read_jsonl(file_, line_dedup=line_dedup))
+        numbered = list(read_jsonl(file_, line_dedup=line_dedup))
+        messages = [message for _, message in numbered]
         try:
             with tqdm(total=len(messages), unit="msg", file=sys.stderr, disable=None) as progress:
                 for start in range(0, len(messages), FILE_BATCH):
-                    results = client.send_messages_streamed(queue, messages[start : start + FILE_BATCH])
+                    line_numbers = [number for number, _ in numbered[start : start + FILE_BATCH]]
+                    try:
+                        results = client.send_messages_streamed(queue, messages[start : start + FILE_BATCH])
+                    except ShardqError as error:
+                        raise click.ClickException(
+                            explain_refused_batch(
+                                error,
+                                endpoint=endpoint,
+                                line_numbers=line_numbers,
+                                acknowledged=sent + duplicates,
+                                total=len(messages),
+                            )
+                        ) from None
                     failed = [r for r in results if not r.ok]
                     if failed:
+                        index = results.index(failed[0])
+                        before = sent + duplicates + sum(1 for r in results[:index] if r.ok)
                         raise click.ClickException(
-                            f"message {start + results.index(failed[0]) + 1}: {failed[0].error_reason}: "
-                            f"{failed[0].error_message} ({sent} sent before it)"
+                            f"line {line_numbers[index]}: {failed[0].error_reason}: {failed[0].error_message} "
+                            f"({before} of {len(messages)} messages acknowledged before it)"
                         )
                     sent += sum(1 for r in results if not r.duplicate)
                     duplicates += sum(1 for r in results if r.duplicate)
@@ -285,9 +405,15 @@ def receive(
     """Receive messages; each stays invisible to others until its visibility timeout."""
     if max_messages < 1:
         raise click.BadParameter("must be at least 1", param_hint="--max")
+    if peek and max_messages > MAX_RECEIVE_BATCH:
+        # A receive pages past one call's limit because each page claims what it returns;
+        # a peek claims nothing, so a second call would show the same messages again.
+        raise click.UsageError(
+            f"--peek shows at most {MAX_RECEIVE_BATCH} messages: give --max {MAX_RECEIVE_BATCH} or less"
+        )
     if peek:
         with Client(endpoint) as client:
-            peeked = client.peek_messages(queue, max_messages=min(max_messages, MAX_RECEIVE_BATCH))
+            peeked = client.peek_messages(queue, max_messages=max_messages)
         for message in peeked:
             if as_json:
                 click.echo(
@@ -445,8 +571,11 @@ def describe_settings(settings: dict[str, Any]) -> str:
     for key, value in sorted(settings.items()):
         if key.endswith("_ms"):
             shown.append(f"{key.removesuffix('_ms')}={format_duration_ms(int(value))}")
+        elif isinstance(value, bool):
+            shown.append(f"{key}={str(value).lower()}")
         else:
-            shown.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
+            # An empty setting (no dead-letter queue) as `-`, so `key=` does not look cut off.
+            shown.append(f"{key}={value if value != '' else '-'}")
     return " ".join(shown)
 
 
@@ -503,16 +632,22 @@ def set_attributes(endpoint: str, name: str, items: tuple[str, ...]) -> None:
 @click.option("--from", "source", required=True, help="the dead-letter queue")
 @click.option("--to", "destination", required=True)
 @click.option("--rate", type=Rate(), default=0.0, help="messages per second, e.g. 500/s (default: unlimited)")
-@click.option("--max", "max_messages", type=int, default=0, help="stop after this many (default: all)")
+@click.option(
+    "--max", "max_messages", type=click.IntRange(min=1), default=None, help="stop after this many (default: all)"
+)
 @fail_cleanly
-def redrive(endpoint: str, source: str, destination: str, rate: float, max_messages: int) -> None:
+def redrive(endpoint: str, source: str, destination: str, rate: float, max_messages: int | None) -> None:
     """Move messages from a dead-letter queue back to a queue, at a bounded rate."""
     from tqdm import tqdm
 
     with Client(endpoint) as client, tqdm(unit="msg", file=sys.stderr, disable=None) as progress:
         moved = 0
         for step in client.redrive(
-            source=source, destination=destination, rate_per_second=rate, max_messages=max_messages
+            source=source,
+            destination=destination,
+            rate_per_second=rate,
+            # The server reads 0 as "all", which is why --max itself cannot be 0.
+            max_messages=0 if max_messages is None else max_messages,
         ):
             progress.total = step.moved + step.remaining
             progress.update(step.moved - moved)
