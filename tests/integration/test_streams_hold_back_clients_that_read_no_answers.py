@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -82,53 +82,54 @@ def assert_serves(server: ServerProcess) -> None:
     assert not errors, errors[0]
 
 
-def test_a_consume_stream_whose_client_reads_nothing_stops_reading_its_acks(server_factory: ServerFactory) -> None:
-    server = server_factory(f"{QUEUE}:shards=2")
+def assert_held_back(
+    server: ServerProcess,
+    method: Callable[[queue_pb2_grpc.QueueServiceStub], grpc.StreamStreamMultiCallable[Any, Any]],
+    requests: Iterator[object],
+    *,
+    total: int,
+    what: str,
+) -> None:
+    """The server stops reading `requests` from a client that reads none of its answers,
+    and stays small and serving."""
     before = rss_kb(server)
     with grpc.insecure_channel(server.endpoint, options=SLOW_READER) as channel:
-        stub = queue_pb2_grpc.QueueServiceStub(channel)
-
-        def requests() -> Iterator[queue_pb2.ConsumeRequest]:
-            yield queue_pb2.ConsumeRequest(start=queue_pb2.ConsumeStart(queue=QUEUE))
-            for ack_id in range(REQUESTS):
-                # Receipts that are not receipts: each gets its own MALFORMED_RECEIPT.
-                acknowledge = queue_pb2.Acknowledge(ack_id=ack_id, receipts=[""] * 1000)
-                yield queue_pb2.ConsumeRequest(ack=acknowledge)
-
-        stream = Unread(stub.ConsumeStream, requests())
+        stream = Unread(method(queue_pb2_grpc.QueueServiceStub(channel)), requests)
         try:
-            taken = stream.until_held(total=REQUESTS + 1)
+            taken = stream.until_held(total=total)
             grown = rss_kb(server) - before
         finally:
             stream.cancel()
-    assert taken < REQUESTS, f"the server read all {taken} acknowledgements of a client that read no answer"
+    assert taken < total, f"the server read all {taken} {what} of a client that read no answer"
     assert grown < MAX_GROWTH_KB, f"the server grew by {grown // 1024} MB holding a client's unread answers"
     assert_serves(server)
+
+
+def test_a_consume_stream_whose_client_reads_nothing_stops_reading_its_acks(server_factory: ServerFactory) -> None:
+    server = server_factory(f"{QUEUE}:shards=2")
+
+    def requests() -> Iterator[queue_pb2.ConsumeRequest]:
+        yield queue_pb2.ConsumeRequest(start=queue_pb2.ConsumeStart(queue=QUEUE))
+        for ack_id in range(REQUESTS):
+            # Receipts that are not receipts: each gets its own MALFORMED_RECEIPT.
+            acknowledge = queue_pb2.Acknowledge(ack_id=ack_id, receipts=[""] * 1000)
+            yield queue_pb2.ConsumeRequest(ack=acknowledge)
+
+    assert_held_back(server, lambda stub: stub.ConsumeStream, requests(), total=REQUESTS + 1, what="acknowledgements")
 
 
 def test_a_producer_stream_whose_client_reads_nothing_stops_reading_its_sends(server_factory: ServerFactory) -> None:
     server = server_factory(f"{QUEUE}:shards=2")
-    before = rss_kb(server)
-    with grpc.insecure_channel(server.endpoint, options=SLOW_READER) as channel:
-        stub = queue_pb2_grpc.QueueServiceStub(channel)
-        body = b"x" * 4096
+    body = b"x" * 4096
 
-        def requests() -> Iterator[queue_pb2.SendStreamRequest]:
-            for request_id in range(REQUESTS):
-                # To a queue that does not exist: answered at once, stored nowhere.
-                message = queue_pb2.MessageToSend(body=body)
-                batch = queue_pb2.SendMessagesRequest(queue="no-such-queue", messages=[message])
-                yield queue_pb2.SendStreamRequest(request_id=request_id, batch=batch)
+    def requests() -> Iterator[queue_pb2.SendStreamRequest]:
+        for request_id in range(REQUESTS):
+            # To a queue that does not exist: answered at once, stored nowhere.
+            message = queue_pb2.MessageToSend(body=body)
+            batch = queue_pb2.SendMessagesRequest(queue="no-such-queue", messages=[message])
+            yield queue_pb2.SendStreamRequest(request_id=request_id, batch=batch)
 
-        stream = Unread(stub.SendStream, requests())
-        try:
-            taken = stream.until_held(total=REQUESTS)
-            grown = rss_kb(server) - before
-        finally:
-            stream.cancel()
-    assert taken < REQUESTS, f"the server read all {taken} sends of a client that read no answer"
-    assert grown < MAX_GROWTH_KB, f"the server grew by {grown // 1024} MB holding a client's unread answers"
-    assert_serves(server)
+    assert_held_back(server, lambda stub: stub.SendStream, requests(), total=REQUESTS, what="sends")
 
 
 def consume(stub: queue_pb2_grpc.QueueServiceStub, requests: list[queue_pb2.ConsumeRequest]) -> Iterator[object]:
