@@ -189,6 +189,9 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             wait_ms=request.wait_time_ms,
         )
         if request.peek:
+            if request.wait_time_ms:
+                # Once taken and ignored: a caller believed its peek long-polled.
+                raise InvalidArgument("wait_time_ms", "a peek answers at once and does not wait: give 0")
             peeked = await queue.peek(
                 max_messages=request.max_messages,
                 shard=_pinned_shard(request, queue.config.shards),

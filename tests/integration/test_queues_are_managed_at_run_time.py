@@ -15,6 +15,7 @@ import pytest
 from shardq import Client, Message
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.errors import InvalidArgument, QueueExists, QueueInUse, QueueManagedElsewhere, QueueNotFound
+from shardq.status import error_from_rpc
 from tests.support.servers import ServerFactory, ServerProcess, stored_count
 
 
@@ -200,6 +201,16 @@ def test_peek_looks_without_claiming(server: ServerProcess) -> None:
         assert len(received) == 3
         assert all(m.receive_count == 1 for m in received)
         assert client.peek_messages("orders-dlq", max_messages=10) == []  # claimed now: nothing receivable
+    # A peek does not long-poll: a wait asked of it is refused, not ignored.
+    with grpc.insecure_channel(server.endpoint) as channel:
+        stub = queue_pb2_grpc.QueueServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.ReceiveMessages(
+                queue_pb2.ReceiveMessagesRequest(queue="orders-dlq", max_messages=1, peek=True, wait_time_ms=5_000),
+                timeout=10,
+            )
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert error_from_rpc(raised.value).field == "wait_time_ms"
 
 
 def test_the_cli_manages_queues_and_shows_depth_and_settings(server: ServerProcess) -> None:
