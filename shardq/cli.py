@@ -27,7 +27,7 @@ import click
 from shardq.aio import DEFAULT_ENDPOINT
 from shardq.client import Client
 from shardq.durations import format_duration_ms, parse_duration_ms
-from shardq.errors import Reason, ShardqError
+from shardq.errors import InvalidArgument, Reason, ShardqError
 from shardq.queues import MAX_RECEIVE_BATCH
 from shardq.types import Message, QueueAttributes, ReceivedMessage
 
@@ -483,7 +483,14 @@ def delete(endpoint: str, queue: str, receipts: tuple[str, ...]) -> None:
 def change_visibility(endpoint: str, queue: str, receipt: str, timeout: int) -> None:
     """Extend or shorten a received message's visibility timeout."""
     with Client(endpoint) as client:
-        _report_entries("change-visibility", client.change_visibility(queue, [(receipt, timeout)]))
+        try:
+            results = client.change_visibility(queue, [(receipt, timeout)])
+        except InvalidArgument as error:
+            if error.field != "changes[0].visibility_timeout_ms":
+                raise
+            # In the option's name, not the request field's the user never wrote.
+            raise click.BadParameter(error.message.removeprefix(f"{error.field}: "), param_hint="--timeout") from None
+        _report_entries("change-visibility", results)
     click.echo("ok")
 
 
@@ -612,7 +619,7 @@ def delete_queue(endpoint: str, name: str, yes: bool) -> None:
         click.confirm(f"delete queue {name!r} and every message in it?", abort=True)
     with Client(endpoint) as client:
         deleted = client.delete_queue(name)
-    click.echo(f"deleted queue {name} ({deleted} messages)")
+    click.echo(f"deleted queue {name} ({deleted} message{'' if deleted == 1 else 's'})")
 
 
 @main.command("set-attributes")

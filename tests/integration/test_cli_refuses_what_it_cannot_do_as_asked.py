@@ -203,3 +203,15 @@ def test_queues_show_settings_that_are_zero(server_factory: ServerFactory) -> No
     assert "visibility_timeout=0s" in table
     assert "dedup_window=0s" in table
     assert "dead_letter_queue=-" in table
+
+
+def test_a_visibility_timeout_out_of_range_names_the_timeout_option(server: ServerProcess) -> None:
+    """It named `changes[0].visibility_timeout_ms`, a request field the user never wrote."""
+    ok(server, "send", "--queue", QUEUE, "--body", "held")
+    (received,) = [json.loads(line) for line in ok(server, "receive", "--queue", QUEUE, "--json").splitlines()]
+    done = shardq(
+        "change-visibility", "--queue", QUEUE, "--receipt", received["receipt"], "--timeout", "400d",
+        endpoint=server.endpoint,
+    )  # fmt: skip
+    refused(done, exit_code=2, saying=("Invalid value for --timeout: must be",))
+    assert "changes[0]" not in done.stderr

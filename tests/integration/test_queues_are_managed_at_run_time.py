@@ -237,7 +237,7 @@ def test_the_cli_manages_queues_and_shows_depth_and_settings(server: ServerProce
     assert changed.returncode == 0, changed.stderr
     assert "max_depth=10" in changed.stdout
     deleted = shardq("delete-queue", "cli-made", "--yes")
-    assert deleted.stdout.strip() == "deleted queue cli-made (1 messages)"
+    assert deleted.stdout.strip() == "deleted queue cli-made (1 message)"
     refused = shardq("delete-queue", "orders", "--yes")
     assert refused.returncode == 1
     assert "defined by the server's --queue/--config" in refused.stderr
