@@ -510,7 +510,9 @@ def stats(endpoint: str, queue: str, as_json: bool) -> None:
         "delayed": attributes.delayed,
         "dead_letter_pending": attributes.dead_letter_pending,
         "oldest_age_ms": attributes.oldest_age_ms,
-        "shards": len(attributes.shards),
+        # The queue's shards, counted or not (it said 1 for a 2-shard queue whose other
+        # shard had no leader answering).
+        "shards": len(attributes.shards) + len(attributes.uncounted_shards),
         "uncounted_shards": list(attributes.uncounted_shards),
     }
     warn_if_uncounted(attributes)

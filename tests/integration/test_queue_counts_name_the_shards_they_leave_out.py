@@ -71,6 +71,7 @@ def test_counts_name_a_shard_whose_leader_is_down(cluster: Cluster) -> None:
     assert stats.returncode == 0, stats.stderr
     summary = json.loads(stats.stdout)
     assert summary["uncounted_shards"] == [1]
+    assert summary["shards"] == 2, "the queue's shards, the uncounted one among them"
     assert summary["visible"] == per_shard[0]
     assert "orders: shard(s) 1 not counted" in stats.stderr
 
