@@ -318,6 +318,9 @@ def send(
     """Send one message (--body) or many (--file, with a progress bar)."""
     if (body is None) == (file_ is None):
         raise click.UsageError("give exactly one of --body or --file")
+    line_dedup_given = click.get_current_context().get_parameter_source("line_dedup")
+    if body is not None and line_dedup_given is click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("--line-dedup/--no-line-dedup go with --file: a --body message has --dedup-id")
     if file_ is not None:
         given = {
             "--delay": delay is not None,

@@ -215,3 +215,9 @@ def test_a_visibility_timeout_out_of_range_names_the_timeout_option(server: Serv
     )  # fmt: skip
     refused(done, exit_code=2, saying=("Invalid value for --timeout: must be",))
     assert "changes[0]" not in done.stderr
+
+
+def test_line_dedup_options_go_with_a_file_only(server: ServerProcess) -> None:
+    done = shardq("send", "--queue", QUEUE, "--body", "one", "--no-line-dedup", endpoint=server.endpoint)
+    refused(done, exit_code=2, saying=("--line-dedup/--no-line-dedup go with --file",))
+    assert visible(server) == 0
