@@ -221,3 +221,14 @@ def test_line_dedup_options_go_with_a_file_only(server: ServerProcess) -> None:
     done = shardq("send", "--queue", QUEUE, "--body", "one", "--no-line-dedup", endpoint=server.endpoint)
     refused(done, exit_code=2, saying=("--line-dedup/--no-line-dedup go with --file",))
     assert visible(server) == 0
+
+
+def test_a_redrive_that_leaves_messages_behind_says_so(server: ServerProcess) -> None:
+    """It printed "moved N" alone, which read as the whole queue moved."""
+    ok(server, "send", "--queue", QUEUE, "--body", "claimed elsewhere")
+    ok(server, "receive", "--queue", QUEUE, "--visibility", "60s")  # in flight: not movable now
+    ok(server, "send", "--queue", QUEUE, "--body", "movable")
+    done = shardq("redrive", "--from", QUEUE, "--to", "orders", endpoint=server.endpoint)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "moved 1"
+    assert f"warning: 1 message(s) of {QUEUE} were not moved" in done.stderr
