@@ -10,6 +10,7 @@ sync, see runtime.readiness), read from that log.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import pathlib
 import signal
@@ -175,7 +176,10 @@ def ports_taken(servers: Sequence[ServerEntry]) -> list[str]:
                 try:
                     probe.bind((host or "127.0.0.1", int(port)))
                 except OSError as error:
-                    taken.append(f"{server.server_id}'s {kind} address {address}: {error.strerror or error}")
+                    # Only a port in use: an address this probe cannot bind for another
+                    # reason (not IPv4, not this host's) is left to the server to report.
+                    if error.errno == errno.EADDRINUSE:
+                        taken.append(f"{server.server_id}'s {kind} address {address}: {error.strerror}")
     return taken
 
 

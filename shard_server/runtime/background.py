@@ -209,9 +209,7 @@ async def redrive(
     if not (math.isfinite(rate_per_second) and rate_per_second >= 0):
         # NaN passed a `< 0` check and failed later as a ValueError, infinity as an
         # OverflowError: to the client, UNKNOWN errors with no reason.
-        raise InvalidArgument(
-            "rate_per_second", f"must be a finite number >= 0 (0: as fast as it goes), not {rate_per_second}"
-        )
+        raise InvalidArgument("rate_per_second", f"must be a finite number >= 0 (0: no limit), not {rate_per_second}")
     from_queue = host.get(source)
     to_queue = host.get(destination)
     present = await _messages_in(from_queue)
