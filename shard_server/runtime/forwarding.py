@@ -22,9 +22,9 @@ from shardq.channel_options import RESOLVE_AGAIN_WITHIN_HALF_A_SECOND
 from shardq.coordination.cluster_map import ClusterMap, lease_name
 from shardq.coordination.leases import LeaseStore
 from shardq.coordination.placement import ShardId
-from shardq.errors import Reason
+from shardq.errors import Reason, Unavailable
 from shardq.receive_shares import split_shares
-from shardq.status import build_error, error_from_rpc
+from shardq.status import build_error, error_from_rpc, never_sent, unknown_if_sent
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,11 @@ PEER_CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 1_000),
     RESOLVE_AGAIN_WITHIN_HALF_A_SECOND,
 ]
+
+
+class LeaderUnreachable(Unavailable):
+    """A call on receipts that never reached the leader (it refused the connection):
+    nothing was applied, so the receipts may go to whoever leads now."""
 
 
 class Router:
@@ -210,7 +215,12 @@ class LeaderCalls:
         try:
             response = await call
         except grpc.RpcError as error:
-            raise error_from_rpc(error, queue=queue) from None
+            failure = error_from_rpc(error, queue=queue)
+            if never_sent(error):
+                raise LeaderUnreachable(failure.message) from None
+            # Sent, then cut off or out of time: the leader may have applied it, which
+            # UNAVAILABLE passed on per receipt would deny (a client may then act again).
+            raise unknown_if_sent(error, failure, "the call forwarded to the shard's leader failed") from None
         return [None if r.ok else Reason(r.error.reason) for r in response.results]
 
     async def purge(self, leader: str, queue: str) -> int:

@@ -28,7 +28,7 @@ from shard_server.domain.receiving import ClaimedMessage
 from shard_server.domain.routing import choose_shard
 from shard_server.domain.sending import SendOutcome
 from shard_server.runtime.committing import Work, WriterThreads, wall_clock_ms
-from shard_server.runtime.forwarding import LeaderCalls, Router
+from shard_server.runtime.forwarding import LeaderCalls, LeaderUnreachable, Router
 from shard_server.runtime.hosted_shards import HostedShard
 from shard_server.storage import replica_log
 from shard_server.storage.lmdb_store import (
@@ -663,17 +663,53 @@ class HostedQueue:
                 for (position, _), outcome in zip(items, outcomes, strict=True):
                     results[position] = outcome
 
-            async def act_remotely(leader: str, items: list[tuple[int, Receipt]]) -> None:
-                try:
-                    record(items, await forward(leader, [position for position, _ in items]))
-                except ShardqError as error:
-                    record(items, [error.reason] * len(items))
-
             def act_locally(items: list[tuple[int, Receipt]]) -> Work[list[Reason | None]]:
                 def work(tx: LmdbShardTransaction, context: ShardContext, now: int) -> list[Reason | None]:
                     return [act(tx, context, receipt, position, now) for position, receipt in items]
 
                 return work
+
+            def finish_locally(
+                shard: HostedShard, items: list[tuple[int, Receipt]], outcomes: list[Reason | None]
+            ) -> None:
+                record(items, outcomes)
+                succeeded = outcomes.count(None)
+                if succeeded < len(outcomes):
+                    shard.count_rejections(outcomes)
+                if succeeded and succeeded_counter is not None:
+                    succeeded_counter(shard).inc(succeeded)
+
+            async def act_elsewhere(index: int, items: list[tuple[int, Receipt]]) -> None:
+                assert self.router is not None
+                for attempt in range(2):
+                    shard = self.leader_here(index)
+                    if shard is not None:  # leadership came here meanwhile
+                        finish_locally(shard, items, await shard.committer.enqueue(act_locally(items)))
+                        return
+                    leader = self.router.leader_of(self.config.name, index)[0]
+                    if leader and leader != self.router.server_id:
+                        unreached = False
+                        try:
+                            outcomes = await forward(leader, [position for position, _ in items])
+                        except ShardqError as error:
+                            outcomes = [error.reason] * len(items)
+                            unreached = isinstance(error, LeaderUnreachable)  # so nothing was applied
+                        record(items, outcomes)
+                        # NOT_LEADER applied nothing either: those receipts may go to whoever leads now.
+                        items = [
+                            item
+                            for item, outcome in zip(items, outcomes, strict=True)
+                            if unreached or outcome is Reason.NOT_LEADER
+                        ]
+                    else:
+                        record(items, [Reason.NOT_LEADER] * len(items))
+                    if not items or attempt:
+                        return
+                    # Leadership moved since the last route refresh (a leader that was
+                    # stopped or cut off answers NOT_LEADER once it learns): look again,
+                    # once, as sends do. The claims live on in the new leader, so acting
+                    # there keeps a delete from turning into a redelivery.
+                    await asyncio.to_thread(self.router.refresh)
 
             local: list[tuple[HostedShard, list[tuple[int, Receipt]], asyncio.Future[list[Reason | None]]]] = []
             remote = []
@@ -682,21 +718,13 @@ class HostedQueue:
                 if shard is not None:
                     # Queued straight on each shard's committer: no task per shard.
                     local.append((shard, items, shard.committer.enqueue(act_locally(items))))
-                    continue
-                leader = "" if self.router is None else self.router.leader_of(self.config.name, index)[0]
-                if forwarded or self.router is None or not leader or leader == self.router.server_id:
+                elif forwarded or self.router is None:
                     record(items, [Reason.NOT_LEADER] * len(items))
                 else:
-                    remote.append(act_remotely(leader, items))
+                    remote.append(act_elsewhere(index, items))
             await asyncio.gather(*remote, *(future for _, _, future in local))
             for shard, items, future in local:
-                outcomes = future.result()
-                record(items, outcomes)
-                succeeded = outcomes.count(None)
-                if succeeded < len(outcomes):
-                    shard.count_rejections(outcomes)
-                if succeeded and succeeded_counter is not None:
-                    succeeded_counter(shard).inc(succeeded)
+                finish_locally(shard, items, future.result())
             return results
 
     @property
