@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import pathlib
-import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +21,7 @@ from shardq.durations import parse_duration_ms
 if TYPE_CHECKING:
     from shardq.coordination.kubernetes_maps import ConfigMapSource
 from shardq.queues import QueueConfig, parse_queue_option, queue_config_from_spec
+from shardq.sizes import NotASize, parse_size
 
 
 def load_queue_file(path: pathlib.Path) -> list[QueueConfig]:
@@ -65,24 +64,22 @@ def describe_yaml_error(error: yaml.YAMLError, text: bytes) -> str:
     return "not valid YAML: " + " ".join(str(error).split())
 
 
-# What --map-size takes: a number of bytes, maybe with a binary unit.
-SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]*)")
-SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-
-
 class ByteSize(click.ParamType[int]):
-    """A number of bytes, whole or with a binary unit: 1048576, 256MiB, 1.5GiB."""
+    """A number of bytes, whole or with a binary unit: 1048576, 256MiB, 1.5GiB (read as queue
+    settings' sizes are, by shardq.sizes; a fraction of a byte is dropped)."""
 
     name = "size"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int):
             return value
-        match = SIZE.fullmatch(str(value).strip().lower())
-        if match is None or match.group(2) not in SIZE_UNITS:
+        try:
+            size = parse_size(str(value))
+        except NotASize:
             self.fail(f"{value!r} is not a size: use e.g. 256MiB, 64GiB or a number of bytes", param, ctx)
-        size = float(match.group(1)) * SIZE_UNITS[match.group(2)]
-        if not (math.isfinite(size) and size >= 1):
+        except ValueError as error:
+            self.fail(str(error), param, ctx)
+        if size < 1:
             self.fail(f"{value!r} is not a size of at least 1 byte", param, ctx)
         return int(size)
 

@@ -27,18 +27,22 @@ def parse_duration_ms(text: str) -> int:
         total += float(match.group(1)) * _UNITS_MS[match.group(2)]
         position = match.end()
     if position != len(cleaned) or position == 0:
-        raise ValueError(f"not a duration: {_shown(text)} (use e.g. 500ms, 30s, 5m, 24h, 7d)")
+        raise ValueError(f"not a duration: {shown_briefly(text)} (use e.g. 500ms, 30s, 5m, 24h, 7d)")
     return _bounded(total, text)
 
 
 def _bounded(ms: float, text: str) -> int:
     if not (math.isfinite(ms) and ms <= MAX_DURATION_MS):
-        raise ValueError(f"duration {_shown(text)} is too long: at most {MAX_DURATION_MS} ms")
+        raise ValueError(f"duration {shown_briefly(text)} is too long: at most {MAX_DURATION_MS} ms")
     return round(ms)
 
 
-def _shown(text: str) -> str:
-    return repr(text) if len(text) <= 40 else f"{text[:40]!r}... ({len(text)} characters)"
+# Kept here, the module every other reader of settings text (queues, sizes) already
+# imports, so their messages cut long input the same way without an import circle.
+def shown_briefly(text: str, limit: int = 40) -> str:
+    """`text` quoted for an error message, cut to its first `limit` characters (and its
+    length said) when longer: an error must not echo back whatever a caller sent."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
 
 
 def format_duration_ms(ms: int) -> str:

@@ -11,11 +11,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from shardq.durations import MAX_DURATION_MS, parse_duration_ms
+from shardq.durations import MAX_DURATION_MS, parse_duration_ms, shown_briefly
 from shardq.errors import InvalidArgument
+from shardq.sizes import KIB, MAX_SIZE_BYTES, MIB, NotASize, parse_size
 
-KIB = 1024
-MIB = 1024 * KIB
 DAY_MS = 86_400_000
 
 # Hard ceilings: what a queue may be configured to, not the defaults.
@@ -64,10 +63,8 @@ def check_queue_name(name: str) -> None:
     if not name:
         raise InvalidArgument("queue", "a queue name is required")
     if not QUEUE_NAME.fullmatch(name):
-        shown = repr(name[:40]) + ("..." if len(name) > 40 else "")
         raise InvalidArgument(
-            "queue",
-            f"{shown} ({len(name)} characters) is not a queue name: a DNS label (a-z, 0-9, '-', at most 63)",
+            "queue", f"{shown_briefly(name)} is not a queue name: a DNS label (a-z, 0-9, '-', at most 63)"
         )
 
 
@@ -137,8 +134,6 @@ SETTING_NAMES = (
     "nackBackoffMax",
     "journalRetention",
 )
-_SIZE = re.compile(r"(\d+)\s*(b|k|ki|kib|kb|m|mi|mib|mb)?", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "b": 1, "k": KIB, "ki": KIB, "kib": KIB, "kb": KIB, "m": MIB, "mi": MIB, "mib": MIB, "mb": MIB}
 
 
 def _normalise_key(key: str) -> str:
@@ -146,14 +141,25 @@ def _normalise_key(key: str) -> str:
 
 
 def _parse_int(key: str, value: Any) -> int:
+    """A whole number, maybe with a size unit (maxMessageBytes=64KiB, and so maxDepth=1k)."""
     if isinstance(value, bool):
         raise ValueError(f"{key}: expected a number, got {value!r}")
     if isinstance(value, int):
         return value
-    match = _SIZE.fullmatch(str(value).strip())
-    if match is None:
-        raise ValueError(f"{key}: expected a number, got {value!r}")
-    return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").lower()]
+    try:
+        number = parse_size(str(value))
+    except NotASize:
+        raise ValueError(f"{key}: expected a number, got {value!r}") from None
+    except ValueError:
+        raise ValueError(f"{key}: expected a number up to {MAX_SIZE_BYTES}, got {shown_briefly(str(value))}") from None
+    # "1.5k" is 1536, as exact as "1536"; "1.3k" would be 1331.2, and rounding it would
+    # quietly set something other than what was written.
+    whole = int(number)
+    if whole != number:
+        raise ValueError(
+            f"{key}: expected a whole number, got {shown_briefly(str(value))} (between {whole} and {whole + 1})"
+        )
+    return whole
 
 
 def _parse_duration(key: str, value: Any) -> int:
