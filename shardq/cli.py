@@ -652,21 +652,34 @@ def redrive(endpoint: str, source: str, destination: str, rate: float, max_messa
     """Move messages from a dead-letter queue back to a queue, at a bounded rate."""
     from tqdm import tqdm
 
-    with Client(endpoint) as client, tqdm(unit="msg", file=sys.stderr, disable=None) as progress:
-        moved = remaining = 0
-        for step in client.redrive(
-            source=source,
-            destination=destination,
-            rate_per_second=rate,
-            # The server reads 0 as "all", which is why --max itself cannot be 0.
-            max_messages=0 if max_messages is None else max_messages,
-        ):
-            progress.total = step.moved + step.remaining
-            progress.update(step.moved - moved)
-            moved, remaining = step.moved, step.remaining
+    moved = remaining = 0
+    started = False
+    try:
+        with Client(endpoint) as client, tqdm(unit="msg", file=sys.stderr, disable=None) as progress:
+            for step in client.redrive(
+                source=source,
+                destination=destination,
+                rate_per_second=rate,
+                # The server reads 0 as "all", which is why --max itself cannot be 0.
+                max_messages=0 if max_messages is None else max_messages,
+            ):
+                started = True
+                progress.total = step.moved + step.remaining
+                progress.update(step.moved - moved)
+                moved, remaining = step.moved, step.remaining
+    except ShardqError:
+        # Stopped part way (a source shard's leader never answered, the destination refused):
+        # what moved and what is left count as much as the reason, which follows.
+        if started:
+            report_redrive(source, moved=moved, remaining=remaining)
+        raise
+    report_redrive(source, moved=moved, remaining=remaining)
+
+
+def report_redrive(source: str, *, moved: int, remaining: int) -> None:
     if remaining:
-        # Done with messages left: they could not be claimed now. "moved N" alone read as
-        # the whole queue moved (found with a leader killed mid-redrive).
+        # Messages left: they could not be claimed now. "moved N" alone read as the whole
+        # queue moved (found with a leader killed mid-redrive).
         click.echo(
             f"warning: {remaining} message(s) of {source} were not moved: in flight, delayed, or on a shard "
             "whose leader did not hand them out (one failing over); run the redrive again to move them",

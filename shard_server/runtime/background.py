@@ -20,7 +20,8 @@ from shard_server.runtime.hosted_shards import HostedShard
 from shard_server.runtime.hosting import HostedQueue
 from shard_server.runtime.queue_hosts import QueueHost
 from shard_server.storage.lmdb_store import LmdbShardTransaction
-from shardq.errors import InvalidArgument
+from shardq.coordination.cluster_map import DEFAULT_LEASE_DURATION_MS
+from shardq.errors import InvalidArgument, NotLeader, Reason, ShardqError, Unavailable
 from shardq.queues import QueueConfig
 from shardq.receipts import encode_receipt
 
@@ -187,23 +188,152 @@ class RedriveProgress:
     done: bool
 
 
-async def _messages_in(queue: HostedQueue) -> int:
-    """Every message of the queue, on every shard: those led here, and the other shards'
-    as their leaders count them. A leader that cannot be asked fails the count: a redrive
-    that silently skipped its shards would report the DLQ empty while it is not."""
-    local = await asyncio.to_thread(queue.stats)
-    present = sum(stats.messages - stats.dead_letter_pending for _, stats in local)
+# How long a redrive waits for a source shard whose leader does not answer (killed,
+# stopped, failing over), in lease durations: one for the lease to expire, then the
+# takeover and the new leader's start, with room to spare. Past that it ends not done,
+# naming the shard, rather than reading the silence as "nothing left there".
+REDRIVE_WAITS_LEASES = 5
+# Between tries at such a shard: a few route refreshes (ROUTE_REFRESH_S), so a new
+# leader is asked soon after its lease names it.
+REDRIVE_RETRY_S = 0.5
+# What a shard's leader answers, or what asking it raises, while it is away or being
+# replaced. Anything else (the queue deleted, a refused request) ends the redrive at once.
+LEADER_AWAY_REASONS = frozenset({Reason.NOT_LEADER, Reason.UNAVAILABLE, Reason.OUTCOME_UNKNOWN, Reason.SHUTTING_DOWN})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Taken:
+    """A message claimed for a redrive, by this server or by its shard's leader elsewhere."""
+
+    body: bytes
+    attributes: dict[str, str]
+    group_id: str
+    message_id: str
+    receipt: str
+
+
+@dataclasses.dataclass(slots=True)
+class _ClaimRound:
+    """What one round of redrive claims found, shard by shard."""
+
+    taken: list[_Taken] = dataclasses.field(default_factory=list)
+    # Shards whose leader answered, with messages or without; `emptied`: those without.
+    answered: list[int] = dataclasses.field(default_factory=list)
+    emptied: list[int] = dataclasses.field(default_factory=list)
+    # Shards whose leader could not be asked or did not answer, and why.
+    unanswered: dict[int, ShardqError] = dataclasses.field(default_factory=dict)
+
+
+def _leader_wait_s(queue: HostedQueue) -> float:
+    lease_ms = queue.router.cluster.lease_duration_ms if queue.router is not None else DEFAULT_LEASE_DURATION_MS
+    return REDRIVE_WAITS_LEASES * lease_ms / 1000
+
+
+def _no_leader(queue: HostedQueue, index: int) -> Unavailable | None:
+    """Why shard `index` cannot be asked now, if no leader is known for it (for a moment
+    after its leader's lease lapsed): forwarding needs one to call."""
+    if queue.router is None or queue.leader_here(index) is not None:
+        return None
+    if queue.router.leader_of(queue.config.name, index)[0]:
+        return None
+    return Unavailable(f"no leader of queue {queue.config.name!r} shard {index} is known")
+
+
+async def _count_messages(queue: HostedQueue) -> tuple[int, dict[int, ShardqError]]:
+    """Every message of the queue, shard by shard: those led here, and the other shards'
+    as their leaders count them; and the shards nobody counted, with why. A redrive that
+    silently left a shard out would stop short of it and report the DLQ drained."""
+    counted: dict[int, int] = {
+        shard.index: stats.messages - stats.dead_letter_pending for shard, stats in await asyncio.to_thread(queue.stats)
+    }
+    unanswered: dict[int, ShardqError] = {}
     if queue.router is not None:
         for leader in queue.remote_leaders():
-            remote = await queue.router.calls.queue_attributes(leader, queue.config.name, timeout_s=10)
-            present += sum(shard.visible + shard.in_flight + shard.delayed for shard in remote.shards)
-    return present
+            try:
+                remote = await queue.router.calls.queue_attributes(leader, queue.config.name, timeout_s=10)
+            except ShardqError as error:
+                if error.reason not in LEADER_AWAY_REASONS:
+                    raise
+                for index in range(queue.config.shards):
+                    if queue.router.leader_of(queue.config.name, index)[0] == leader:
+                        unanswered[index] = error
+                continue
+            for shard in remote.shards:
+                counted.setdefault(shard.shard, shard.visible + shard.in_flight + shard.delayed)
+    for index in range(queue.config.shards):
+        if index not in counted and index not in unanswered:
+            unanswered[index] = _no_leader(queue, index) or NotLeader(
+                f"queue {queue.config.name!r} shard {index} was not counted by the leader the routes named"
+            )
+    return sum(counted.values()), {index: unanswered[index] for index in sorted(unanswered)}
+
+
+async def _claim_in_turn(queue: HostedQueue, shards: list[int], *, max_messages: int) -> _ClaimRound:
+    """Claim up to `max_messages` for a redrive from `shards`, in that order, each from its
+    own leader (here, or forwarded). A queue-wide receive passes over a leader that does
+    not answer and so hands out nothing, which reads as "drained": here such a shard is
+    named instead."""
+    found = _ClaimRound()
+    for index in shards:
+        wanted = max_messages - len(found.taken)
+        if not wanted:
+            break
+        away = _no_leader(queue, index)
+        if away is not None:
+            found.unanswered[index] = away
+            continue
+        try:
+            claimed = await queue.receive(
+                max_messages=wanted, visibility_timeout_ms=REDRIVE_CLAIM_MS, wait_ms=0, shard=index
+            )
+        except ShardqError as error:
+            if error.reason not in LEADER_AWAY_REASONS:
+                raise
+            found.unanswered[index] = error
+            continue
+        found.answered.append(index)
+        if not claimed:
+            found.emptied.append(index)
+        found.taken += [
+            _Taken(
+                body=message.record.body,
+                attributes=message.record.attributes,
+                group_id=message.record.group_id,
+                message_id=format_message_id(
+                    sent_at_ms=message.record.sent_at_ms, shard=shard.index, seq=message.record.seq
+                ),
+                receipt=encode_receipt(message.receipt),
+            )
+            for shard, message in claimed.local
+        ] + [_Taken(m.body, dict(m.attributes), m.group_id, m.message_id, m.receipt) for m in claimed.remote]
+    return found
+
+
+def _shards_away(source: str, unanswered: dict[int, ShardqError]) -> str:
+    """`source shard 0 (UNAVAILABLE)`, `source shards 0 (UNAVAILABLE), 2 (NOT_LEADER)`."""
+    # Reasons only: the transport's own words ("Connection refused", "Deadline Exceeded")
+    # would read, at the CLI, as though the server it called were the one down.
+    shards = ", ".join(f"{index} ({error.reason.value})" for index, error in unanswered.items())
+    return f"{source} shard{'s' if len(unanswered) > 1 else ''} {shards}"
+
+
+def _log_unanswered(source: str, unanswered: dict[int, ShardqError], *, now: str) -> None:
+    for index, error in unanswered.items():
+        log.warning("redrive from %s: the leader of shard %d did not answer (%s); %s", source, index, error, now)
 
 
 async def redrive(
     host: QueueHost, *, source: str, destination: str, rate_per_second: float, max_messages: int
 ) -> AsyncIterator[RedriveProgress]:
-    """Move messages from `source` (a DLQ) to `destination`, at most `rate_per_second`."""
+    """Move messages from `source` (a DLQ) to `destination`, at most `rate_per_second`.
+
+    Done when every message counted at the start (or `max_messages`) moved, or when every
+    shard's leader answered with nothing to hand out (the rest is in flight or delayed;
+    `remaining` counts it). A shard whose leader does not answer is tried again, on the
+    routes the leases give meanwhile, for REDRIVE_WAITS_LEASES lease durations; after that
+    the redrive ends not done: a last progress with done=False, then UNAVAILABLE naming the
+    shards. Their messages stay in `source` for another redrive.
+    """
     if source == destination:
         raise InvalidArgument("destination", "must differ from source")
     if not (math.isfinite(rate_per_second) and rate_per_second >= 0):
@@ -212,59 +342,108 @@ async def redrive(
         raise InvalidArgument("rate_per_second", f"must be a finite number >= 0 (0: no limit), not {rate_per_second}")
     from_queue = host.get(source)
     to_queue = host.get(destination)
-    present = await _messages_in(from_queue)
+    loop = asyncio.get_running_loop()
+    wait_s = _leader_wait_s(from_queue)
+    counting_since = loop.time()
+    while True:
+        present, uncounted = await _count_messages(from_queue)
+        if not uncounted:
+            break
+        if loop.time() - counting_since >= wait_s:
+            _log_unanswered(source, uncounted, now="not starting")
+            raise Unavailable(
+                f"redrive from {source} to {destination} did not start: no leader counted "
+                f"{_shards_away(source, uncounted)} for {loop.time() - counting_since:.0f}s; "
+                "run it again after the failover"
+            )
+        await asyncio.sleep(REDRIVE_RETRY_S)
     target = min(max_messages, present) if max_messages else present
     moved = 0
+    # Copied to the destination, yet still in the source (its delete failed), and why.
+    not_deleted = 0
+    delete_failures: set[Reason] = set()
     # At a rate, batches of a tenth of a second's worth: 10/s moves one message every
     # 100 ms, rather than a burst of a hundred and then a long pause.
     batch_size = REDRIVE_BATCH if not rate_per_second else max(1, min(REDRIVE_BATCH, int(rate_per_second / 10)))
     if to_queue.config.max_depth:
         batch_size = min(batch_size, to_queue.config.max_depth)  # larger batches could never fit
-    started = asyncio.get_running_loop().time()
+    # Shards that had nothing to hand out go last: a batch asks them only when the
+    # others cannot fill it.
+    order = list(range(from_queue.config.shards))
+    unanswered: dict[int, ShardqError] = {}
+    # Since when no claim took anything while some shard's leader did not answer.
+    stalled_since: float | None = None
+    paced_since, paced_from = loop.time(), 0
     while moved < target:
-        claimed = await from_queue.receive(
-            max_messages=min(batch_size, target - moved), visibility_timeout_ms=REDRIVE_CLAIM_MS, wait_ms=0
+        # Shards whose leader did not answer go after the rest, whose messages move meanwhile.
+        turn = sorted(order, key=lambda index: index in unanswered)
+        found = await _claim_in_turn(from_queue, turn, max_messages=min(batch_size, target - moved))
+        _log_unanswered(
+            source, {i: e for i, e in found.unanswered.items() if i not in unanswered}, now="trying it again"
         )
-        if not claimed:
-            break
-        # (body, attributes, group id, message id, receipt) of local and forwarded claims alike.
-        taken = [
-            (
-                message.record.body,
-                message.record.attributes,
-                message.record.group_id,
-                format_message_id(sent_at_ms=message.record.sent_at_ms, shard=shard.index, seq=message.record.seq),
-                encode_receipt(message.receipt),
+        for index in found.answered:
+            unanswered.pop(index, None)
+        unanswered.update(found.unanswered)
+        order = [index for index in order if index not in found.emptied] + found.emptied
+        if not found.taken:
+            if not unanswered:
+                break  # every shard's leader answered, with nothing to hand out
+            now = loop.time()
+            stalled_since = now if stalled_since is None else stalled_since
+            if now - stalled_since < wait_s:
+                await asyncio.sleep(REDRIVE_RETRY_S)
+                continue
+            _log_unanswered(source, unanswered, now="stopping with messages left")
+            yield RedriveProgress(moved, max(target - moved, 0), done=False)
+            raise Unavailable(
+                f"redrive from {source} to {destination} stopped: no leader answered for "
+                f"{_shards_away(source, unanswered)} in {now - stalled_since:.0f}s; the messages there stay "
+                "in the queue: run the redrive again after the failover"
             )
-            for shard, message in claimed.local
-        ] + [(m.body, dict(m.attributes), m.group_id, m.message_id, m.receipt) for m in claimed.remote]
+        if stalled_since is not None:
+            # Moving again after a wait: the rate counts from now, not as though the wait
+            # had been spent moving (which would make up for it with a burst).
+            stalled_since = None
+            paced_since, paced_from = loop.time(), moved
         copies = [
             build_moved_copy(
-                body=body,
+                body=taken.body,
                 # Back to work: the dead-letter notes stay behind.
-                attributes={k: v for k, v in attributes.items() if not k.startswith(RESERVED_ATTRIBUTE_PREFIX)},
-                group_id=group_id,
-                dedup_id=f"redrive:{source}:{message_id}",
+                attributes={k: v for k, v in taken.attributes.items() if not k.startswith(RESERVED_ATTRIBUTE_PREFIX)},
+                group_id=taken.group_id,
+                dedup_id=f"redrive:{source}:{taken.message_id}",
                 source=source,
                 target=to_queue.config,
             )
-            for body, attributes, group_id, message_id, _ in taken
+            for taken in found.taken
         ]
-        receipts = [receipt for *_, receipt in taken]
         entries = await to_queue.send(copies)
-        copied = [receipt for receipt, entry in zip(receipts, entries, strict=True) if entry.error is None]
-        failed = [receipt for receipt, entry in zip(receipts, entries, strict=True) if entry.error is not None]
+        copied = [taken.receipt for taken, entry in zip(found.taken, entries, strict=True) if entry.error is None]
+        failed = [taken.receipt for taken, entry in zip(found.taken, entries, strict=True) if entry.error is not None]
+        deleted = 0
         if copied:
-            await from_queue.delete(copied)
+            outcomes = await from_queue.delete(copied)
+            deleted = outcomes.count(None)
+            not_deleted += len(copied) - deleted
+            delete_failures.update(outcome for outcome in outcomes if outcome is not None)
         if failed:
             await from_queue.change_visibility([(receipt, 0) for receipt in failed])
             first_error = next(entry.error for entry in entries if entry.error is not None)
-            yield RedriveProgress(moved + len(copied), max(target - moved - len(copied), 0), done=False)
+            yield RedriveProgress(moved + deleted, max(target - moved - deleted, 0), done=False)
             raise first_error
-        moved += len(copied)
+        moved += deleted
         yield RedriveProgress(moved, target - moved, done=False)
         if rate_per_second:
-            ahead_s = moved / rate_per_second - (asyncio.get_running_loop().time() - started)
+            ahead_s = (moved - paced_from) / rate_per_second - (loop.time() - paced_since)
             if ahead_s > 0:
                 await asyncio.sleep(ahead_s)
+    if not_deleted:
+        # Their claims end after REDRIVE_CLAIM_MS and they are visible in the source again;
+        # moved again within the destination's dedup window, they make no second copy.
+        yield RedriveProgress(moved, max(target - moved, 0), done=False)
+        raise Unavailable(
+            f"redrive from {source} to {destination} stopped: {not_deleted} message(s) copied to {destination} "
+            f"could not be removed from {source} ({', '.join(sorted(delete_failures))}) and may be moved again "
+            "by the next redrive"
+        )
     yield RedriveProgress(moved, max(target - moved, 0), done=True)
