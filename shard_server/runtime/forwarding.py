@@ -68,8 +68,11 @@ class Router:
     def stub_for(self, server_id: str) -> queue_pb2_grpc.QueueServiceAsyncStub:
         stub = self._stubs.get(server_id)
         if stub is None:
+            server = self.cluster.servers.get(server_id)
+            if server is None:  # a lease names a server the map no longer lists (scaled in)
+                raise Unavailable(f"server {server_id!r} leads the shard but is not in the cluster map")
             channel = grpc.aio.insecure_channel(
-                self.cluster.servers[server_id].address,
+                server.address,
                 options=PEER_CHANNEL_OPTIONS,
             )
             self._channels.append(channel)

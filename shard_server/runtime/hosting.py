@@ -223,6 +223,16 @@ class HostedQueue:
             leader = self.router.address_of(self.router.leader_of(self.config.name, index)[0])
         return NotLeader(f"queue {self.config.name!r} shard {index} is not led by this server", leader=leader)
 
+    def _leader_elsewhere(self, index: int) -> str:
+        """The server the routes name as shard `index`'s leader, for a call to forward there;
+        NOT_LEADER when they name none (for a moment after a lease was given up) or this
+        server (whose leadership has not begun, or has ended): there is nobody to forward to."""
+        assert self.router is not None
+        leader = self.router.leader_of(self.config.name, index)[0]
+        if not leader or leader == self.router.server_id:
+            raise self.not_leader(index)
+        return leader
+
     def remote_leaders(self) -> list[str]:
         """Server ids leading some shard of this queue elsewhere."""
         if self.router is None:
@@ -351,10 +361,7 @@ class HostedQueue:
 
     async def _send_remote_once(self, index: int, batch: list[NewMessage]) -> list[SendOutcome]:
         assert self.router is not None
-        leader, _ = self.router.leader_of(self.config.name, index)
-        if not leader or leader == self.router.server_id:
-            raise self.not_leader(index)
-        return await self.router.calls.send_messages(leader, self.config.name, index, batch)
+        return await self.router.calls.send_messages(self._leader_elsewhere(index), self.config.name, index, batch)
 
     # -- receive -----------------------------------------------------------------
     async def receive(
@@ -398,8 +405,9 @@ class HostedQueue:
             if shard is not None and self.leader_here(shard) is None:
                 if forwarded or self.router is None:
                     raise self.not_leader(shard)
-                leader, _ = self.router.leader_of(self.config.name, shard)
-                return await self._receive_shares_remote(leader, shares, visibility_timeout_ms, shard)
+                return await self._receive_shares_remote(
+                    self._leader_elsewhere(shard), shares, visibility_timeout_ms, shard
+                )
             if self.closed:
                 raise QueueNotFound(self.config.name)
             local = [s for s in self.shards if s.is_local_leader() and (shard is None or s.index == shard)]
@@ -439,7 +447,7 @@ class HostedQueue:
         if shard is not None and self.leader_here(shard) is None:
             if forwarded or self.router is None:
                 raise self.not_leader(shard)
-            leader, _ = self.router.leader_of(self.config.name, shard)
+            leader = self._leader_elsewhere(shard)
             return Received([], await self._receive_remote(leader, max_messages, visibility_timeout_ms, wait_ms, shard))
         deadline = wall_clock_ms() + wait_ms
         while True:
@@ -476,8 +484,7 @@ class HostedQueue:
         if shard is not None and self.leader_here(shard) is None:
             if forwarded or self.router is None:
                 raise self.not_leader(shard)
-            leader, _ = self.router.leader_of(self.config.name, shard)
-            return Peeked(local=[], remote=await self._peek_remote(leader, max_messages, shard))
+            return Peeked(local=[], remote=await self._peek_remote(self._leader_elsewhere(shard), max_messages, shard))
         now = wall_clock_ms()
         local = [s for s in self.shards if s.is_local_leader() and (shard is None or s.index == shard)]
         found = Peeked(local=[], remote=[])

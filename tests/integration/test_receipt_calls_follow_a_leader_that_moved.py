@@ -9,6 +9,9 @@ waiting on it:
 - when the old leader dies instead, the forwarded call was sent and may have been
   applied: each receipt is OUTCOME_UNKNOWN, not UNAVAILABLE ("nothing applied").
 
+And while no server leads a shard (its lease given up, not yet taken over), a call
+naming that shard is told NOT_LEADER, with nobody to forward it to.
+
 Real servers, a real SIGSTOP and SIGKILL; the takeover is made as the supervisor or the
 operator makes it (a lease compare-and-swap once the stopped leader's lease expired)."""
 
@@ -19,17 +22,18 @@ import dataclasses
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 import pytest
 
 from shardq import Client
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
-from shardq.coordination.fencing import build_takeover, is_expired
+from shardq.coordination.fencing import build_abdication, build_takeover, is_expired
 from shardq.coordination.leases import LeaseRecord
 from shardq.errors import Reason
 from shardq.receipts import decode_receipt
+from shardq.status import error_from_rpc
 from tests.support.clusters import Cluster, send_until_accepted
 from tests.support.servers import wait_for
 
@@ -139,3 +143,35 @@ def test_a_forwarded_delete_cut_off_by_its_leaders_death_is_of_unknown_outcome(
 
     answer = deleting.answer.result(timeout=60)
     assert [r.error.reason for r in answer.results] == [Reason.OUTCOME_UNKNOWN.value] * len(claimed.receipts), answer
+
+
+@pytest.mark.timeout(60)
+def test_calls_for_a_shard_no_server_leads_are_told_not_leader(cluster: Cluster) -> None:
+    """For a moment after a leader gives its lease up no server leads the shard: a call
+    naming it, made to another server, is told NOT_LEADER (it forwarded to a server id
+    of "" and failed with an internal KeyError before)."""
+    with Client(cluster.endpoint("s3")) as client:
+        send_until_accepted(client, [b"startup"], shard_hint="startup")
+        cluster.leases.update(build_abdication(cluster.leader_of(0), leaving="s1"))  # no takeover follows
+        wait_for(lambda: client.describe("orders")[0].leader_address == "" or None, timeout=10, what="no leader")
+    with grpc.insecure_channel(cluster.endpoint("s3")) as channel:
+        stub = queue_pb2_grpc.QueueServiceStub(channel)
+        one = [queue_pb2.MessageToSend(body=b"x")]
+        calls: dict[str, Callable[[], object]] = {
+            "receive": lambda: stub.ReceiveMessages(
+                queue_pb2.ReceiveMessagesRequest(queue="orders", shard=0, max_messages=1), timeout=10
+            ),
+            "shared short polls": lambda: stub.ReceiveMessages(
+                queue_pb2.ReceiveMessagesRequest(queue="orders", shard=0, shares=[1, 1]), timeout=10
+            ),
+            "peek": lambda: stub.ReceiveMessages(
+                queue_pb2.ReceiveMessagesRequest(queue="orders", shard=0, max_messages=1, peek=True), timeout=10
+            ),
+            "send": lambda: stub.SendMessages(
+                queue_pb2.SendMessagesRequest(queue="orders", shard=0, messages=one), timeout=10
+            ),
+        }
+        for what, call in calls.items():
+            with pytest.raises(grpc.RpcError) as refused:
+                call()
+            assert error_from_rpc(refused.value).reason is Reason.NOT_LEADER, (what, refused.value)
