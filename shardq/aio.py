@@ -235,6 +235,8 @@ class AsyncClient:
         self._giving_back: set[asyncio.Task[list[EntryResult]]] = set()
         self._route_directly = route_directly
         self._routes: dict[str, _QueueRoutes] = {}
+        # Per queue: the shard-map lookup in flight, which the calls that need it share.
+        self._learning_routes: dict[str, asyncio.Future[_QueueRoutes]] = {}
         self._leader_channels: dict[str, grpc.aio.Channel] = {}
         self._leader_stubs: dict[str, queue_pb2_grpc.QueueServiceAsyncStub] = {}
         self._round_robin = itertools.count()
@@ -290,17 +292,38 @@ class AsyncClient:
             return None
         routes = self._routes.get(queue)
         if routes is None:
-            description = await self._unary(
-                self._stub.DescribeQueue, queue_pb2.DescribeQueueRequest(queue=queue), queue=queue
-            )
-            routes = _QueueRoutes(
-                shards=description.config.shards or len(description.shards),
-                fifo=description.config.fifo,
-                leaders=[route.leader_address for route in sorted(description.shards, key=lambda r: r.shard)],
-            )
-            self._routes[queue] = routes
+            routes = await self._learn_routes(queue)
         if len(set(routes.leaders)) <= 1:
             return None  # one server leads everything: the endpoint is as good as any
+        return routes
+
+    async def _learn_routes(self, queue: str) -> _QueueRoutes:
+        """The queue's shard map, asked once however many calls wait for it: a burst of
+        first calls that each asked (thousands at a client's start, or after a failover
+        dropped the map) crowded out the calls themselves."""
+        learning = self._learning_routes.get(queue)
+        if learning is None:
+            learning = self._learning_routes[queue] = asyncio.ensure_future(self._describe_routes(queue))
+            learning.add_done_callback(functools.partial(self._learned_routes, queue))
+        # Shielded: a caller that gives up does not cancel the others' lookup.
+        return await asyncio.shield(learning)
+
+    def _learned_routes(self, queue: str, learning: asyncio.Future[_QueueRoutes]) -> None:
+        if self._learning_routes.get(queue) is learning:
+            del self._learning_routes[queue]
+        if not learning.cancelled():
+            learning.exception()  # retrieved: every waiter may have given up
+
+    async def _describe_routes(self, queue: str) -> _QueueRoutes:
+        description = await self._unary(
+            self._stub.DescribeQueue, queue_pb2.DescribeQueueRequest(queue=queue), queue=queue
+        )
+        routes = _QueueRoutes(
+            shards=description.config.shards or len(description.shards),
+            fifo=description.config.fifo,
+            leaders=[route.leader_address for route in sorted(description.shards, key=lambda r: r.shard)],
+        )
+        self._routes[queue] = routes
         return routes
 
     def _leader_stub(self, address: str) -> Any:

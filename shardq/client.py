@@ -43,7 +43,16 @@ class Client:
         async def wrapped() -> T:
             return await awaitable
 
-        return asyncio.run_coroutine_threadsafe(wrapped(), self._loop).result()
+        future = asyncio.run_coroutine_threadsafe(wrapped(), self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            # Interrupted (Ctrl-C) or given up on: the call stops too, as a blocking call
+            # would. Left running on the loop thread, an abandoned long poll claimed the
+            # next message for nobody, and an abandoned send could be stored beside the
+            # caller's retry.
+            future.cancel()
+            raise
 
     def __enter__(self) -> Client:
         return self
