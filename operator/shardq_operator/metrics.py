@@ -11,7 +11,8 @@ RECONCILES = Counter("shardq_operator_reconciles", "Reconciles of a ShardqCluste
 RECONCILE_ERRORS = Counter("shardq_operator_reconcile_errors", "Reconciles that failed (retried)", ["cluster"])
 TAKEOVERS = Counter(
     "shardq_operator_takeovers",
-    "Shard leases taken over, by reason (holder-died, holder-restarted, lease-expired, rebalance, replica-move)",
+    "Shard leases taken over, by reason"
+    " (holder-died, holder-restarted, lease-expired, lease-retaken, rebalance, replica-move)",
     ["cluster", "reason"],
 )
 REPLICA_MOVES = Counter(

@@ -40,6 +40,7 @@ class TakeoverReason(enum.StrEnum):
     HOLDER_DIED = "holder-died"  # the holder's process exited (or was replaced by a new one)
     HOLDER_RESTARTED = "holder-restarted"  # nobody in sync is ready yet: a starting in-sync replica leads, new epoch
     LEASE_EXPIRED = "lease-expired"  # the holder runs but stopped renewing (hung, paused, partitioned)
+    LEASE_RETAKEN = "lease-retaken"  # a ready holder let it lapse, nobody else in sync is ready: it again, new epoch
     REBALANCE = "rebalance"  # a leadership move off a hot server
     REPLICA_MOVE = "replica-move"  # the leader's replica is leaving its server (scale-in, replica balance)
 
@@ -152,7 +153,8 @@ def choose_failover(
     the holder was the only one in sync), a running in-sync replica that is still starting
     takes the lease in a new epoch: the shard's placement leader if it qualifies, else the
     restarted holder itself (the ISR always holds the leader). The new epoch fences
-    whatever the holder's previous process answered.
+    whatever the holder's previous process answered. A ready holder that let its lease
+    expire, with no other in-sync replica ready, takes it again in a new epoch.
     """
     if holder_incarnation_is_gone(lease, servers):
         reason = TakeoverReason.HOLDER_DIED
@@ -173,6 +175,15 @@ def choose_failover(
             server = servers.get(preferred)
             if server is not None and server.running and preferred in isr:
                 return Takeover(lease=lease, new_holder=preferred, reason=TakeoverReason.HOLDER_RESTARTED)
+    else:
+        # The holder runs and is ready, yet let its lease lapse (it stepped down when it
+        # could not renew through an overloaded API server, and a server never takes a
+        # lease back by itself), and no other in-sync replica is ready. It alone holds
+        # every committed write, so it takes the lease again in a new epoch. Waiting left
+        # such a shard unled for good, while the Shard still named its leader.
+        holder = servers.get(lease.holder)
+        if holder is not None and holder.ready and lease.holder in isr:
+            return Takeover(lease=lease, new_holder=lease.holder, reason=TakeoverReason.LEASE_RETAKEN)
     return Waiting(lease=lease, reason=reason)
 
 

@@ -270,9 +270,21 @@ class TestFailover:
 
     def test_an_expired_lease_with_no_ready_in_sync_replica_waits(self) -> None:
         record = lease(renewed=T0 - DURATION_MS, isr=("s1", "s2"))
-        assert decide(record, observed(ready("s1"), dead("s2"), ready("s3"))) == Waiting(
+        paused = dataclasses.replace(ready("s1"), ready_since_ms=None, unready_since_ms=T0 - 1_000)
+        assert decide(record, observed(paused, dead("s2"), ready("s3"))) == Waiting(
             lease=record, reason=TakeoverReason.LEASE_EXPIRED
         )
+
+    def test_a_ready_holder_that_let_its_lease_lapse_takes_it_again_when_nobody_else_is_in_sync(self) -> None:
+        # It stepped down when it could not renew (an API server too loaded to answer in
+        # time) and takes no lease back by itself: waiting left the shard unled for good.
+        record = lease(renewed=T0 - DURATION_MS, isr=("s1",))
+        decision = decide(record, observed(ready("s1"), ready("s2"), ready("s3")))
+        assert decision == Takeover(lease=record, new_holder="s1", reason=TakeoverReason.LEASE_RETAKEN)
+        # Another in-sync replica that is ready is preferred, as before.
+        record = lease(renewed=T0 - DURATION_MS, isr=("s1", "s2"))
+        decision = decide(record, observed(ready("s1"), ready("s2"), ready("s3")))
+        assert decision == Takeover(lease=record, new_holder="s2", reason=TakeoverReason.LEASE_EXPIRED)
 
     def test_every_shard_led_by_a_dead_server_fails_over(self) -> None:
         cluster = three_server_cluster()
@@ -337,9 +349,14 @@ def test_failover_never_hands_a_shard_to_a_replica_out_of_sync_or_not_running(
         chosen = servers[decision.new_holder]
         assert decision.new_holder in isr_of(record)
         assert chosen.running
-        # Only a ready server takes over from a live holder, and never the holder itself.
+        # Only a ready server takes over from a live holder, and never the holder itself
+        # unless no other in-sync replica is ready.
         if decision.reason is not TakeoverReason.HOLDER_RESTARTED:
             assert chosen.ready
+        if decision.reason is TakeoverReason.LEASE_RETAKEN:
+            assert decision.new_holder == holder
+            assert not any(servers[other].ready for other in isr_of(record) - {holder})
+        elif decision.reason is not TakeoverReason.HOLDER_RESTARTED:
             assert decision.new_holder != holder
     holder_process = servers[holder]
     if holder_process.running and holder_process.started_at_ms <= acquired and renewed > T0 - DURATION_MS:
