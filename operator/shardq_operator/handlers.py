@@ -14,10 +14,11 @@ from typing import Any
 import kopf
 
 from shardq import Client, ShardqError
+from shardq.coordination.cluster_map import cluster_map_from_text
 from shardq_operator import naming
 from shardq_operator.kube import Kube
 from shardq_operator.leadership import OperatorLeadership
-from shardq_operator.observing import pod_address
+from shardq_operator.observing import servers_to_ask
 from shardq_operator.reconciling import Reconciler, cluster_of
 
 log = logging.getLogger(__name__)
@@ -151,36 +152,50 @@ def queue_changed(namespace: str | None, name: str, body: kopf.Body, **_: Any) -
 
 @kopf.on.delete(naming.GROUP, naming.VERSION, "queues")
 def queue_deleted(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> None:
-    """Take the queue out of the map, then wait until no ready server still hosts it."""
+    """Take the queue out of the map, then wait until every server of the cluster, those
+    down or starting included, has dropped its data."""
     assert namespace is not None, "shardq resources are namespaced"
     _require_leading()
     reconciler = _reconciler()
     cluster = cluster_of(body)
-    if reconciler.kube.get_custom("shardqclusters", namespace, cluster) is None:
+    owner = reconciler.kube.get_custom("shardqclusters", namespace, cluster)
+    if owner is None:
         return  # no servers: nothing holds its data
     reconciler.reconcile(namespace, cluster)
-    still = _servers_hosting(reconciler.kube, namespace, cluster, name)
-    if still:
-        raise kopf.TemporaryError(f"servers {', '.join(still)} still host queue {name}", delay=1)
-
-
-def _servers_hosting(kube: Kube, namespace: str, cluster: str, queue: str) -> list[str]:
-    hosting = []
-    for pod in kube.server_pods(namespace, cluster):
-        address = pod_address(pod, naming.GRPC_PORT)
-        ready = any(
-            c.get("type") == "Ready" and c.get("status") == "True"
-            for c in pod.get("status", {}).get("conditions") or []
+    waiting = _servers_holding(reconciler.kube, namespace, cluster, owner, name)
+    if waiting:
+        message = f"waiting until every server has dropped the queue's data: {waiting}"
+        reconciler.kube.patch_status(
+            "queues",
+            namespace,
+            name,
+            {
+                "phase": "Deleting",
+                "conditions": [{"type": "Ready", "status": "False", "reason": "Deleting", "message": message}],
+            },
         )
-        if address is None or not ready:
-            continue
+        raise kopf.TemporaryError(message, delay=1)
+
+
+def _servers_holding(kube: Kube, namespace: str, cluster: str, owner: kopf.Body | dict[str, Any], queue: str) -> str:
+    """Which servers may still hold `queue`'s data, and why ("" when none): those that
+    list it, and those that cannot be asked now (down, starting, without a pod). Every
+    server counts: the cluster's servers by its spec and by its map, and any pod of it."""
+    text = kube.read_map_text(namespace, cluster)
+    mapped = set(cluster_map_from_text(text).servers) if text else set()
+    servers = mapped | set(naming.server_ids(cluster, int(owner.get("spec", {}).get("servers", 3))))
+    askable, silent = servers_to_ask(servers, kube.server_pods(namespace, cluster))
+    # With the StatefulSet going (a namespace deleted whole), no server comes back to its
+    # volume under this cluster: waiting for the silent ones would hold the deletion for good.
+    holding = {} if silent and kube.server_set_goes(namespace, cluster) else dict(silent)
+    for server, address in askable.items():
         try:
             with Client(address, route_directly=False) as client:
                 if queue in client.list_queues():
-                    hosting.append(pod["metadata"]["name"])
-        except ShardqError:
-            hosting.append(pod["metadata"]["name"])
-    return hosting
+                    holding[server] = "it still hosts the queue"
+        except ShardqError as error:
+            holding[server] = f"it did not answer ({error.reason})"
+    return "; ".join(f"{server}: {why}" for server, why in sorted(holding.items()))
 
 
 @kopf.on.delete(naming.GROUP, naming.VERSION, "shardqclusters")

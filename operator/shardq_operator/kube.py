@@ -138,6 +138,19 @@ class Kube:
         text: str | None = (config_map.data or {}).get(CLUSTER_MAP_KEY)
         return text
 
+    def server_set_goes(self, namespace: str, cluster: str) -> bool:
+        """Whether the cluster's StatefulSet is gone or being deleted (as in a namespace's
+        deletion, which takes the servers' volumes with it)."""
+        try:
+            found = self.apps.read_namespaced_stateful_set(
+                naming.server_set(cluster), namespace, _request_timeout=_TIMEOUT_S
+            )
+        except ApiException as error:
+            if error.status == _NOT_FOUND:
+                return True
+            raise
+        return found.metadata is not None and found.metadata.deletion_timestamp is not None
+
     def server_pods(self, namespace: str, cluster: str) -> list[Manifest]:
         selector = ",".join(f"{key}={value}" for key, value in naming.selector(cluster).items())
         pods = self.core.list_namespaced_pod(namespace, label_selector=selector, _request_timeout=_TIMEOUT_S)

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shardq.coordination.takeovers import ServerObservation
+from shardq_operator.naming import GRPC_PORT
 
 
 def _epoch_ms(timestamp: str | None) -> int | None:
@@ -65,3 +66,26 @@ def pod_address(pod: Mapping[str, Any], port: int) -> str | None:
     cluster's DNS), or None before it has one."""
     ip = pod.get("status", {}).get("podIP")
     return f"{ip}:{port}" if ip else None
+
+
+def servers_to_ask(
+    server_ids: Iterable[str], pods: Iterable[Mapping[str, Any]]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """For a deleted queue's finalizer: the servers that can be asked whether they still
+    hold its data ({server: address}), and those that cannot answer now, with why. A
+    server that is down or starting may still hold the data on its volume; were it passed
+    over, the queue would be gone while a copy lived on there, to come back (in its old
+    epochs) under a queue or cluster created again with the same name."""
+    by_name = {pod.get("metadata", {}).get("name", ""): pod for pod in pods}
+    askable: dict[str, str] = {}
+    silent: dict[str, str] = {}
+    for server_id in sorted(set(server_ids) | set(by_name)):
+        pod = by_name.get(server_id)
+        address = None if pod is None else pod_address(pod, GRPC_PORT)
+        if pod is None:
+            silent[server_id] = "it has no pod"
+        elif not observe_pod(pod).ready or address is None:
+            silent[server_id] = "it is not ready"
+        else:
+            askable[server_id] = address
+    return askable, silent

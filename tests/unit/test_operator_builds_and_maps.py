@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from shardq_operator import builders, naming
 from shardq_operator.mapping import desired_map, servers_needed
-from shardq_operator.observing import observe_pod, observe_servers
+from shardq_operator.observing import observe_pod, observe_servers, servers_to_ask
 
 from shardq.coordination.cluster_map import CLUSTER_MAP_KEY, cluster_map_from_text
 
@@ -170,3 +170,23 @@ def test_a_server_without_a_pod_is_not_running() -> None:
     servers = observe_servers(["main-shardq-0", "main-shardq-1"], [pod("main-shardq-0")])
     assert servers["main-shardq-0"].ready
     assert not servers["main-shardq-1"].running
+
+
+def test_a_deleted_queue_waits_for_every_server_not_only_the_ready_ones() -> None:
+    """The finalizer of a deleted Queue asks each server whether it still holds the data.
+    It passed over servers that were not ready: a server down at the deletion kept its
+    copy, which came back under a cluster and queue created again with the same names,
+    and the acknowledged sends made since were lost (seen on the real node)."""
+    pods = [
+        pod("c1-shardq-0"),
+        pod("c1-shardq-1", ready=False),
+        pod("c1-shardq-2", running=False, ready=False),
+        pod("c1-shardq-4"),  # a server the spec no longer counts, still running
+    ]
+    askable, silent = servers_to_ask(naming.server_ids("c1", 4), pods)
+    assert askable == {"c1-shardq-0": "198.18.0.7:7600", "c1-shardq-4": "198.18.0.7:7600"}
+    assert silent == {
+        "c1-shardq-1": "it is not ready",
+        "c1-shardq-2": "it is not ready",
+        "c1-shardq-3": "it has no pod",
+    }
