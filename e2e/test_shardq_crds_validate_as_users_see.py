@@ -131,3 +131,30 @@ def test_printer_columns_and_the_status_subresource(api_client: client.ApiClient
     assert queues.subresources.status is not None
     shards = extensions.read_custom_resource_definition("shards.shardq.io").spec.versions[0]
     assert [column.name for column in shards.additional_printer_columns][:4] == ["Queue", "Index", "Leader", "Epoch"]
+
+
+@pytest.mark.parametrize(
+    ("storage", "message"),
+    [
+        ({"size": "2Gi"}, "storage.size cannot change after the cluster is created"),
+        ({"storageClassName": "other"}, "storage.storageClassName cannot change after the cluster is created"),
+    ],
+)
+def test_a_clusters_volumes_cannot_change(
+    api_client: client.ApiClient, namespace: str, shardq_crds: list[str], storage: dict[str, str], message: str
+) -> None:
+    """A StatefulSet's volume claim template is immutable: a storage edit the CRD let
+    through made every apply of the operator fail, and failover with it."""
+    create(api_client, namespace, "shardqclusters", "ShardqCluster", "main", {"storage": {"storageClassName": "local"}})
+    custom = client.CustomObjectsApi(api_client)
+    with pytest.raises(ApiException) as raised:
+        custom.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, "shardqclusters", "main", {"spec": {"storage": storage}}
+        )
+    assert raised.value.status == 422
+    assert message in str(raised.value.body)
+    # What may change does.
+    changed = custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "shardqclusters", "main", {"spec": {"servers": 5}}
+    )
+    assert changed["spec"]["servers"] == 5

@@ -24,6 +24,10 @@ from shardq_operator.reconciling import Reconciler, cluster_of
 log = logging.getLogger(__name__)
 
 TICK_S = 1.0
+# After an error a pass is tried again this soon: kopf's default, a minute, held failover back.
+ERROR_BACKOFF_S = 5.0
+# A cluster whose deletion waits for its Queues says so once every this many passes.
+DELETION_BLOCKED_EVERY = 60
 TICK_SUCCEEDED = "Timer 'tick_cluster' succeeded."  # as kopf words it
 STANDBY_RETRY_S = 2
 STANDBY_MESSAGE = "another operator replica leads; standing by"
@@ -113,7 +117,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.scanning.disabled = True
 
 
-@kopf.timer(naming.GROUP, naming.VERSION, "shardqclusters", interval=TICK_S)
+@kopf.timer(naming.GROUP, naming.VERSION, "shardqclusters", interval=TICK_S, backoff=ERROR_BACKOFF_S)
 def tick_cluster(namespace: str | None, name: str, **_: Any) -> None:
     assert namespace is not None, "shardq resources are namespaced"
     if not _leading():
@@ -199,14 +203,21 @@ def _servers_holding(kube: Kube, namespace: str, cluster: str, owner: kopf.Body 
 
 
 @kopf.on.delete(naming.GROUP, naming.VERSION, "shardqclusters")
-def cluster_deleted(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> None:
+def cluster_deleted(namespace: str | None, name: str, body: kopf.Body, retry: int, **_: Any) -> None:
+    """Refuse to go while Queues are placed on the cluster; meanwhile go on reconciling it.
+    kopf stops a resource's timers once its deletion starts, so this handler's retries
+    are the only passes left: without them a dead leader's shards were never failed over,
+    and scaling was not carried out, for as long as the deletion waited."""
     assert namespace is not None, "shardq resources are namespaced"
     _require_leading()
-    kube = _reconciler().kube
+    reconciler = _reconciler()
+    kube = reconciler.kube
     queues = sorted(q["metadata"]["name"] for q in kube.list_custom("queues", namespace) if cluster_of(q) == name)
     if queues:
+        reconciler.reconcile(namespace, name)
         message = (
             f"queues {', '.join(queues)} are placed on this cluster: delete them first (their data goes with them)"
         )
-        kube.event(body, reason="DeletionBlocked", message=message, warning=True)
-        raise kopf.TemporaryError(message, delay=5)
+        if retry % DELETION_BLOCKED_EVERY == 0:  # an Event a minute, not one a pass
+            kube.event(body, reason="DeletionBlocked", message=message, warning=True)
+        raise kopf.TemporaryError(message, delay=TICK_S)

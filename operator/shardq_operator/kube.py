@@ -8,6 +8,7 @@ replicas...) are left alone unless they conflict with ours, which we force.
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,6 +28,20 @@ _TIMEOUT_S = 10.0
 Manifest = dict[str, Any]
 
 
+class ApplyRefused(Exception):
+    """The API server refused an object the operator applies; the message says why."""
+
+
+def _api_message(error: ApiException) -> str:
+    """The API server's own words for a refusal (its Status message), else the HTTP reason."""
+    try:
+        body = json.loads(error.body or "")
+    except ValueError:
+        body = None
+    message = body.get("message") if isinstance(body, dict) else None
+    return str(message) if message else f"{error.status} {error.reason}"
+
+
 class Kube:
     def __init__(self, api_client: client.ApiClient) -> None:
         self.api_client = api_client
@@ -39,7 +54,16 @@ class Kube:
 
     # -- writing ----------------------------------------------------------------
     def apply(self, manifest: Manifest) -> None:
-        """Create or update `manifest` (server-side apply)."""
+        """Create or update `manifest` (server-side apply). ApplyRefused when the API server
+        refuses the object itself (invalid, forbidden: HTTP 4xx), in its own words."""
+        try:
+            self._apply(manifest)
+        except ApiException as error:
+            if error.status is None or not 400 <= error.status < 500:
+                raise
+            raise ApplyRefused(f"{manifest['kind']} {manifest['metadata']['name']}: {_api_message(error)}") from None
+
+    def _apply(self, manifest: Manifest) -> None:
         kind = manifest["kind"]
         name = manifest["metadata"]["name"]
         namespace = manifest["metadata"]["namespace"]

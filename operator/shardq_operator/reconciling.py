@@ -36,7 +36,7 @@ from shardq.coordination.takeovers import (
 )
 from shardq.durations import parse_duration_ms
 from shardq_operator import builders, metrics, naming
-from shardq_operator.kube import Kube, Manifest
+from shardq_operator.kube import ApplyRefused, Kube, Manifest
 from shardq_operator.mapping import DesiredMap, desired_map, servers_needed, with_servers
 from shardq_operator.observing import observe_servers, pod_address
 from shardq_operator.server_reads import ServerReads
@@ -127,6 +127,8 @@ class Reconciler:
         self._written: dict[tuple[str, str, str], Any] = {}
         # Shards announced as waiting for a safe failover candidate, per cluster, and why.
         self._waiting_said: dict[tuple[str, str], dict[str, TakeoverReason]] = {}
+        # Per cluster: the objects the API server last refused to apply, as announced.
+        self._refused_said: dict[tuple[str, str], str] = {}
 
     def _apply(self, manifest: Manifest) -> None:
         """Apply `manifest` when it differs from what this operator last applied, and every
@@ -141,6 +143,31 @@ class Reconciler:
             return
         self.kube.apply(manifest)
         self._applied[key] = (text, time.monotonic())
+
+    def _try_apply(self, manifest: Manifest) -> str:
+        """`_apply`, or what the API server said refusing it ("" when applied)."""
+        try:
+            self._apply(manifest)
+        except ApplyRefused as refusal:
+            return str(refusal)
+        return ""
+
+    def _say_refused(self, owner: Manifest, refused: list[str]) -> None:
+        """Log, count and announce (once until it changes) objects the API server refused."""
+        namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
+        message = "; ".join(refused)
+        if not refused:
+            self._refused_said.pop((namespace, name), None)
+            return
+        metrics.RECONCILE_ERRORS.labels(f"{namespace}/{name}").inc()
+        if self._refused_said.get((namespace, name)) == message:
+            return
+        self._refused_said[(namespace, name)] = message
+        log.error("cluster %s/%s: the API server refused %s", namespace, name, message)
+        try:
+            self.kube.event(owner, reason="ApplyRefused", message=message[:1000], warning=True)
+        except Exception:  # an event is a courtesy; the failover went on
+            log.exception("cluster %s/%s: could not post the ApplyRefused event", namespace, name)
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_lock:
@@ -219,7 +246,7 @@ class Reconciler:
             # the Leases go when the cluster does.
             self.kube.own_lease(namespace, record.name, builders.lease_owner_reference(owner))
         self._carry_out_moves(owner, live, moves, cluster_map, held)
-        for manifest in (
+        manifests = [
             builders.service_account(owner),
             builders.role(owner),
             builders.role_binding(owner),
@@ -228,11 +255,16 @@ class Reconciler:
             builders.client_service(owner),
             builders.disruption_budget(owner),
             builders.stateful_set(owner, servers=count),
-        ):
-            self._apply(manifest)
+        ]
         for queue_name, queue in live.items():
             for index, replicas in enumerate(cluster_map.placement.get(queue_name, [])):
-                self._apply(builders.shard(queue, index=index, replicas=replicas))
+                manifests.append(builders.shard(queue, index=index, replicas=replicas))
+        # An object the API server refuses (a hand-edited StatefulSet, a webhook, a quota)
+        # is reported, and the pass goes on: failover must not wait on it. It raised here,
+        # and kopf's timer then waited a minute before the next pass, while shards whose
+        # leader had died stayed unled.
+        refused = [problem for manifest in manifests if (problem := self._try_apply(manifest))]
+        self._say_refused(owner, refused)
         if current is None or current != cluster_map:
             log.info("cluster %s/%s: map now has queues %s", namespace, name, sorted(cluster_map.placement))
 
