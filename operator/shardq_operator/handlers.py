@@ -165,10 +165,12 @@ def queue_deleted(namespace: str | None, name: str, body: kopf.Body, **_: Any) -
     owner = reconciler.kube.get_custom("shardqclusters", namespace, cluster)
     if owner is None:
         return  # no servers: nothing holds its data
-    reconciler.reconcile(namespace, cluster)
+    tick = reconciler.reconcile(namespace, cluster)
     waiting = _servers_holding(reconciler.kube, namespace, cluster, owner, name)
     if waiting:
         message = f"waiting until every server has dropped the queue's data: {waiting}"
+        if name in tick.problems:  # kept in the map, as another queue's dead-letter queue
+            message = f"{tick.problems[name]}; {message}"
         reconciler.kube.patch_status(
             "queues",
             namespace,
