@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import inspect
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from shardq.aio import AsyncClient
 from shardq.consumer_streams import ConsumerStream
@@ -152,7 +154,12 @@ async def run_consumer(
     """Consume until `stop` is set, a signal arrives, or `max_messages` were handled.
 
     `concurrency` workers share one consumer stream, each handling one message at a
-    time. A synchronous handler runs in a worker thread; an async one on the loop.
+    time. An async handler (an async function, an object whose `__call__` is async, or
+    a `functools.partial` of either) runs on the loop; any other runs on one of
+    `concurrency` threads of run_consumer's own, and an awaitable it returns is awaited
+    on the loop. A message is deleted once its handler (and that awaitable) completed;
+    a handler that raises, `asyncio.CancelledError` included, has its message released
+    with backoff, unless the CancelledError is run_consumer's own ending.
     Pass `stats` to watch the counts while it runs. Claims last `visibility_timeout_ms`,
     by default the queue's own visibility timeout, as a receive without one does.
 
@@ -201,7 +208,10 @@ async def run_consumer(
         for worker in waiting:
             worker.cancel()
 
-    async with client.consume(queue, credits=prefetch, visibility_timeout_ms=visibility_ms) as stream:
+    async with (
+        _handler_threads(handler, concurrency) as threads,
+        client.consume(queue, credits=prefetch, visibility_timeout_ms=visibility_ms) as stream,
+    ):
         messages = stream.messages()
 
         async def next_message() -> ReceivedMessage | None:
@@ -229,21 +239,26 @@ async def run_consumer(
                 loop.call_later(_first_beat_delay_s(message, visibility_ms), start_beating) if keeps_claims else None
             )
             try:
-                if inspect.iscoroutinefunction(handler):
-                    await handler(message)
-                else:
-                    await asyncio.to_thread(handler, message)
-            except Exception as error:
+                await _run_handler(handler, message, threads)
+            except (Exception, asyncio.CancelledError) as error:
+                if isinstance(error, asyncio.CancelledError) and _is_being_cancelled():
+                    # The end of run_consumer (or of its loop) reached this worker: not
+                    # the handler's failure. Its message is neither deleted nor released.
+                    raise
+                # Anything else is the handler's, a CancelledError too (one it awaited of an
+                # inner task, say): let through, it ended its worker silently (with the last
+                # one, run_consumer returned as if stopped) and left its message claimed.
+                failure = _describe_failure(error)
                 log.warning(
                     "handler failed for message %s (%s); releasing it with backoff",
                     message.message_id,
-                    error,
+                    failure,
                     exc_info=log.isEnabledFor(logging.DEBUG),
                 )
                 stats.failed += 1
                 _stop_beating(timer, beat)
                 # The error goes with the message: its dead-letter copy will say it.
-                reason = f"{type(error).__name__}: {error}"[:MAX_RELEASE_REASON_CHARS]
+                reason = failure[:MAX_RELEASE_REASON_CHARS]
                 await _acknowledge(functools.partial(stream.release, reason=reason), message, "release")
             else:
                 _stop_beating(timer, beat)
@@ -297,6 +312,63 @@ async def run_consumer(
         if failure is not None:
             raise failure  # the stream broke (the workers still running finished first)
     return stats
+
+
+def _is_async_callable(handler: object) -> bool:
+    """Whether calling `handler` only makes a coroutine, so that it is called on the loop:
+    an async function, an object whose `__call__` is async, or a partial of either.
+    inspect.iscoroutinefunction alone says no to the object, and to a partial of it."""
+    while isinstance(handler, functools.partial):
+        handler = handler.func
+    if inspect.iscoroutinefunction(handler):
+        return True
+    # Looked up on the type, as a call does.
+    return inspect.iscoroutinefunction(type(handler).__call__)
+
+
+@contextlib.asynccontextmanager
+async def _handler_threads(handler: Handler, count: int) -> AsyncIterator[ThreadPoolExecutor | None]:
+    """Threads of run_consumer's own for a handler not async, one per worker: the loop's
+    default executor has min(32, CPUs + 4), and on two CPUs ran 6 handlers of 16 workers
+    at once. None for an async handler, which needs none."""
+    if _is_async_callable(handler):
+        yield None
+        return
+    threads = ThreadPoolExecutor(max_workers=count, thread_name_prefix="shardq-handler")
+    try:
+        yield threads
+    finally:
+        # Without waiting: run_consumer has waited for its handlers already, except when its
+        # workers were cancelled, and a handler stuck in its thread must not hold it up then.
+        threads.shutdown(wait=False, cancel_futures=True)
+
+
+async def _run_handler(handler: Handler, message: ReceivedMessage, threads: ThreadPoolExecutor | None) -> None:
+    """Run the handler to completion: on the loop when async (`threads` is None), otherwise
+    in a thread, with the caller's context as asyncio.to_thread has it. An awaitable the
+    thread brings back (`lambda m: handle(m)` of an async `handle`, say) is awaited on the
+    loop: discarded, its message was deleted although the handler's body never ran."""
+    if threads is None:
+        outcome = handler(message)
+    else:
+        call = functools.partial(contextvars.copy_context().run, handler, message)
+        outcome = await asyncio.get_running_loop().run_in_executor(threads, call)
+    if inspect.isawaitable(outcome):
+        await outcome
+
+
+def _is_being_cancelled() -> bool:
+    """Whether the current task was asked to stop (Task.cancelling), as opposed to having a
+    CancelledError raised through it by something it awaited."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _describe_failure(error: BaseException) -> str:
+    """The exception's type and message, or its type alone when it has no message (a bare
+    CancelledError would otherwise read "CancelledError: ")."""
+    detail = str(error)
+    return f"{type(error).__name__}: {detail}" if detail else type(error).__name__
 
 
 def _stop_beating(timer: asyncio.TimerHandle | None, beat: asyncio.Task[None] | None) -> None:
