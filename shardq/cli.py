@@ -29,6 +29,7 @@ from shardq.client import Client
 from shardq.durations import format_duration_ms, parse_duration_ms
 from shardq.errors import InvalidArgument, Reason, ShardqError
 from shardq.queues import MAX_RECEIVE_BATCH
+from shardq.status import UNRESOLVED_HOST_TEXTS
 from shardq.types import Message, QueueAttributes, ReceivedMessage
 
 P = ParamSpec("P")
@@ -39,17 +40,6 @@ FILE_BATCH = 100
 FILE_LINE_KEYS = ("body", "body_base64", "attributes", "group_id", "dedup_id", "delay")
 # The field path of a whole-request refusal that one message of the batch caused.
 FIELD_OF_A_MESSAGE = re.compile(r"messages\[(\d+)\]")
-# What gRPC says when the endpoint's host name does not resolve: the older resolvers'
-# words and those of the current one (grpcio 1.85: "errors resolving garbage: ...
-# Domain name not found").
-UNRESOLVED_HOST_TEXTS = (
-    "errors resolving",
-    "Domain name not found",
-    "DNS resolution failed",
-    "Name or service not known",
-    "nodename nor servname provided",
-    "Temporary failure in name resolution",
-)
 
 
 class Duration(click.ParamType[int]):

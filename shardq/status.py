@@ -104,12 +104,30 @@ def entry_results_from_proto(results: Iterable[queue_pb2.EntryResult]) -> list[E
     return [EntryResult(r.ok, r.error.reason, r.error.message) for r in results]
 
 
+# What gRPC says when a host name does not resolve: the older resolvers' words and those
+# of the current one (grpcio 1.85: "errors resolving garbage: ... Domain name not found").
+UNRESOLVED_HOST_TEXTS = (
+    "errors resolving",
+    "Domain name not found",
+    "DNS resolution failed",
+    "Name or service not known",
+    "nodename nor servname provided",
+    "Temporary failure in name resolution",
+)
+
+
 def never_sent(error: grpc.RpcError) -> bool:
-    """Whether a call failed before reaching any server (so it changed nothing)."""
+    """Whether a call failed before reaching any server (so it changed nothing): refused,
+    not connected, or its host name did not resolve (a leader's in-cluster name, seen
+    from outside the cluster's network, which said OUTCOME_UNKNOWN for a call never sent)."""
     if error.code() != grpc.StatusCode.UNAVAILABLE:
         return False
     details = error.details() or ""
-    return "failed to connect" in details or "Connection refused" in details
+    return (
+        "failed to connect" in details
+        or "Connection refused" in details
+        or any(words in details for words in UNRESOLVED_HOST_TEXTS)
+    )
 
 
 def unknown_if_sent(error: grpc.RpcError, failure: ShardqError, what: str) -> ShardqError:
