@@ -793,8 +793,13 @@ class AsyncClient:
         credits and ~30k with 400 and frames capped at 100 when credits returned in
         quarters (README, Performance), and a few per cent more in halves. Lower
         the credits for slow handlers, whose prefetched messages would otherwise
-        wait out their visibility timeout.
+        wait out their visibility timeout. Leaving the `async with` block gives back
+        the messages received and never taken (visible again at once), unless
+        `stream.close()` already handed them to the caller.
         """
+        # run_consumer's give-back, for one copy of it; imported here, as shardq.consumer imports this module.
+        from shardq.consumer import give_back_now
+
         return ConsumerStream(
             self._stub,
             queue,
@@ -802,6 +807,7 @@ class AsyncClient:
             visibility_timeout_ms=visibility_timeout_ms,
             max_batch=max_batch,
             delete=functools.partial(self._delete_any_number, queue),
+            give_back=functools.partial(give_back_now, self, queue),
         )
 
     # -- administration ---------------------------------------------------------------

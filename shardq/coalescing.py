@@ -47,12 +47,21 @@ answer wakes make their next calls then, and join it. The workers fall into step
 their first delete and stay there. A caller alone pays nothing: it has no batch out
 on the other batcher when it calls.
 
-A caller may give up (be cancelled) while its call waits in a shared request, which goes
-on for the others. Given `unwanted`, what that caller's part of the answer holds is
-handed to it: a receive's messages, claimed for nobody, go back to the queue at once
-instead of at their visibility timeout. A call given up before its batch went out is
-left out of it: nothing was sent for it, so a send cancelled while it waited stores
-nothing, and a receive claims nothing for nobody.
+A caller may give up (be cancelled) while its call is out, in a shared request, which goes
+on for the others, or in one of its own. Given `unwanted`, what that caller's part of the
+answer holds is handed to it: a receive's messages, claimed for nobody, go back to the
+queue at once instead of at their visibility timeout. A lone call then goes out from a task
+of its own, not its caller's: awaited in the caller's task, the caller's cancellation
+cancelled the request under it, and an answer already on its way (a short poll cut off by
+a 1 ms timeout had often been claimed and answered) was dropped with its messages claimed.
+Without `unwanted` nothing needs catching, and a lone call still goes out from its caller's
+task. A call given up before its batch went out is left out of it: nothing was sent for it,
+so a send cancelled while it waited stores nothing, and a receive claims nothing for nobody.
+
+Building a shared request may fail for what one caller passed (a `str` body, a `None`
+receipt: protobuf raises TypeError or ValueError before anything is sent). Such a batch
+is sent again call by call too, so the others' calls succeed and that caller alone gets
+its error.
 """
 
 from __future__ import annotations
@@ -63,6 +72,22 @@ from typing import Any, Generic, TypeVar
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
+
+
+def _failed_on_one_callers_input(error: Exception) -> bool:
+    """Whether a batch failed while its request was built from some caller's input: protobuf
+    and Python raise these for a value of the wrong type or out of range, before anything
+    is sent, so sending the calls again one by one repeats nothing. The client turns every
+    answer and transport failure into a ShardqError, none of which is one of these."""
+    return isinstance(error, (TypeError, ValueError, AttributeError))
+
+
+def _cancel_unanswered(batch: list[tuple[list[Item], asyncio.Future[list[Result]]]]) -> None:
+    """The request of `batch` was cancelled itself (gRPC raises CancelledError from a call whose
+    channel closed under it): its callers are cancelled too, where they waited for good."""
+    for _, future in batch:
+        if not future.done():
+            future.cancel()
 
 
 class WokenTogether:
@@ -145,6 +170,7 @@ class Coalescer(Generic[Item, Result]):
         self._pending: list[tuple[list[Item], asyncio.Future[list[Result]]]] = []
         self._in_flight = 0
         self._flush_scheduled = False
+        self._sending_alone: asyncio.Task[None] | None = None
 
     async def add(self, item: Item) -> Result:
         return (await self._run([item]))[0]
@@ -154,7 +180,13 @@ class Coalescer(Generic[Item, Result]):
         if len(items) <= self._max_batch:
             return await self._run(list(items)) if items else []
         chunks = [list(items[start : start + self._max_batch]) for start in range(0, len(items), self._max_batch)]
-        parts = await asyncio.gather(*(self._enqueue(chunk) for chunk in chunks))
+        answers = [self._enqueue(chunk) for chunk in chunks]
+        try:
+            parts = await asyncio.gather(*answers)
+        except asyncio.CancelledError:
+            for answer in answers:
+                self._hand_over_if_answered(answer)
+            raise
         return [result for part in parts for result in part]
 
     @property
@@ -169,21 +201,58 @@ class Coalescer(Generic[Item, Result]):
 
     async def _run(self, chunk: list[Item]) -> list[Result]:
         if self._in_flight or self._pending or self._flush_scheduled or (self._woken and self._woken.active):
-            return await self._enqueue(chunk)
-        if self._companions is not None and self._companions.others_busy(self):
+            answer = self._enqueue(chunk)
+        elif self._companions is not None and self._companions.others_busy(self):
             # Held for the callers a companion's batch will wake: they call here next.
             self._companions.hold(self)
-            return await self._enqueue(chunk, flush=False)
-        # Alone: submitted now, in this task. Calls arriving meanwhile queue for the next batch.
-        self._in_flight += 1
+            answer = self._enqueue(chunk, flush=False)
+        elif self._unwanted is None:
+            # Alone: submitted now, in this task. Calls arriving meanwhile queue for the next batch.
+            self._in_flight += 1
+            try:
+                return list(await self._submit(chunk))
+            finally:
+                self._answered_alone()
+        else:
+            # Alone, from a task of its own, so that the request outlives a caller who gives up
+            # and its answer reaches `unwanted` (see the module docstring). It costs a task and a
+            # future per lone call, and a loop turn each way, paid only where answers can be
+            # unwanted (receives); awaiting the task itself would cancel it with the caller.
+            self._in_flight += 1
+            loop = asyncio.get_running_loop()
+            answer = loop.create_future()
+            # Held so that it is not collected while out: there is one at a time (in flight).
+            self._sending_alone = loop.create_task(self._send_alone((chunk, answer)))
         try:
-            return list(await self._submit(chunk))
+            return await answer
+        except asyncio.CancelledError:
+            self._hand_over_if_answered(answer)
+            raise
+
+    def _hand_over_if_answered(self, answer: asyncio.Future[list[Result]]) -> None:
+        """Its caller was cancelled after `answer` was set, before it resumed to take it (the
+        loop turn between them; a short poll cut off by a 1 ms timeout often was): what it
+        holds goes to `unwanted`, as an answer arriving after the caller gave up does."""
+        if self._unwanted is not None and answer.done() and not answer.cancelled() and answer.exception() is None:
+            self._unwanted(answer.result())
+
+    async def _send_alone(self, call: tuple[list[Item], asyncio.Future[list[Result]]]) -> None:
+        try:
+            await self._deliver([call])
+        except BaseException:
+            _cancel_unanswered([call])
+            raise
         finally:
-            self._in_flight -= 1
-            if self._pending:  # else this caller's next call may go out alone again, at once
-                self._flush_soon()
-            if self._companions is not None:
-                self._companions.answered()
+            # After the answer is set: its caller runs before the flush and the companions'
+            # release this schedules, as it did when it sent the call from its own task.
+            self._answered_alone()
+
+    def _answered_alone(self) -> None:
+        self._in_flight -= 1
+        if self._pending:  # else this caller's next call may go out alone again, at once
+            self._flush_soon()
+        if self._companions is not None:
+            self._companions.answered()
 
     def _enqueue(self, chunk: list[Item], *, flush: bool = True) -> asyncio.Future[list[Result]]:
         loop = asyncio.get_running_loop()
@@ -220,6 +289,9 @@ class Coalescer(Generic[Item, Result]):
     async def _send(self, batch: list[tuple[list[Item], asyncio.Future[list[Result]]]]) -> None:
         try:
             await self._deliver(batch)
+        except BaseException:
+            _cancel_unanswered(batch)
+            raise
         finally:
             self._in_flight -= 1
             # Even with nothing pending: the callers just answered call again from tasks that
@@ -232,7 +304,9 @@ class Coalescer(Generic[Item, Result]):
         try:
             results = await self._submit([item for chunk, _ in batch for item in chunk])
         except Exception as error:
-            if len(batch) > 1 and self._alone_on is not None and self._alone_on(error):
+            if len(batch) > 1 and (
+                _failed_on_one_callers_input(error) or (self._alone_on is not None and self._alone_on(error))
+            ):
                 # Refused whole for what some calls hold: alone, each gets its own answer.
                 await asyncio.gather(*(self._deliver([call]) for call in batch))
                 return

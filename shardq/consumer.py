@@ -306,7 +306,7 @@ async def run_consumer(
                 await asyncio.wait(workers)
             # Prefetched but never handled: give them back now, not at their visibility timeout.
             unstarted.extend(await stream.close())
-            await _give_back(client, queue, unstarted)
+            await give_back_now(client, queue, unstarted)
     for worker in workers:
         failure = None if worker.cancelled() else worker.exception()
         if failure is not None:
@@ -378,7 +378,9 @@ def _stop_beating(timer: asyncio.TimerHandle | None, beat: asyncio.Task[None] | 
         beat.cancel()
 
 
-async def _give_back(client: AsyncClient, queue: str, messages: list[ReceivedMessage]) -> None:
+async def give_back_now(client: AsyncClient, queue: str, messages: list[ReceivedMessage]) -> None:
+    """Make claimed messages nobody will handle visible again now (visibility 0): those
+    run_consumer prefetched and never started, and those a consumer stream left untaken."""
     receipts = [message.receipt for message in messages]
     # A failed call leaves its messages visible again after their timeout.
     results = await _change_visibility(client, queue, receipts, 0, "give back")

@@ -41,9 +41,12 @@ class ConsumerStream:
         visibility_timeout_ms: int | None,
         max_batch: int,
         delete: Callable[[Sequence[str]], Awaitable[list[EntryResult]]],
+        give_back: Callable[[list[ReceivedMessage]], Awaitable[None]] | None = None,
     ) -> None:
         self.queue = queue
         self._delete = delete
+        # Makes messages visible again now (AsyncClient.consume passes run_consumer's own).
+        self._give_back = give_back
         self._stub = stub
         self._credits = credits
         self._visibility_timeout_ms = visibility_timeout_ms
@@ -77,7 +80,13 @@ class ConsumerStream:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        # Received and never taken, they are claimed for nobody: back to the queue now, not at
+        # their visibility timeout (400 credits stranded 399 messages for it after one was
+        # taken). close() hands them over only once, so those a caller's own close() took
+        # are theirs, and are not given back here.
+        untaken = await self.close()
+        if untaken and self._give_back is not None:
+            await self._give_back(untaken)
 
     async def _request_iterator(self) -> AsyncIterator[queue_pb2.ConsumeRequest]:
         while (request := await self._requests.get()) is not None:
@@ -144,9 +153,11 @@ class ConsumerStream:
             # run_consumer, which waits for its handlers: found by the demo's failover).
             raise Unavailable("the consumer stream has ended: open another to acknowledge")
         ack_id = next(self._ack_ids)
+        # Built before its future is registered: a receipt of the wrong type raises here, and
+        # a future registered first was failed at the stream's end with nobody to retrieve it.
+        acknowledge = queue_pb2.Acknowledge(ack_id=ack_id, receipts=delete, release=release, release_reason=reason)
         future: asyncio.Future[queue_pb2.AckResult] = asyncio.get_running_loop().create_future()
         self._acks[ack_id] = future
-        acknowledge = queue_pb2.Acknowledge(ack_id=ack_id, receipts=delete, release=release, release_reason=reason)
         self._requests.put_nowait(queue_pb2.ConsumeRequest(ack=acknowledge))
         return await future
 
@@ -191,7 +202,8 @@ class ConsumerStream:
 
     async def close(self) -> list[ReceivedMessage]:
         """End the stream. Returns the messages it received that were never taken from
-        `messages()`: they are still claimed, and the caller should release them."""
+        `messages()`: they are still claimed, and the caller should give them back (leaving
+        `async with` without calling this gives them back itself). A later call returns none."""
         self._requests.put_nowait(None)
         if self._reader is not None:
             try:
