@@ -27,7 +27,7 @@ TICK_S = 1.0
 # After an error a pass is tried again this soon: kopf's default, a minute, held failover back.
 ERROR_BACKOFF_S = 5.0
 # A cluster whose deletion waits for its Queues says so once every this many passes.
-DELETION_BLOCKED_EVERY = 60
+DELETION_BLOCKED_EVERY = 12
 TICK_SUCCEEDED = "Timer 'tick_cluster' succeeded."  # as kopf words it
 STANDBY_RETRY_S = 2
 STANDBY_MESSAGE = "another operator replica leads; standing by"
@@ -222,4 +222,5 @@ def cluster_deleted(namespace: str | None, name: str, body: kopf.Body, retry: in
         )
         if retry % DELETION_BLOCKED_EVERY == 0:  # an Event a minute, not one a pass
             kube.event(body, reason="DeletionBlocked", message=message, warning=True)
-        raise kopf.TemporaryError(message, delay=TICK_S)
+        # Not every second: kopf logs each retry at error level and posts it as an Event.
+        raise kopf.TemporaryError(message, delay=ERROR_BACKOFF_S)
