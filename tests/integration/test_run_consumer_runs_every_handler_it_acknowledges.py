@@ -30,6 +30,22 @@ async def send(client: AsyncClient, bodies: list[bytes]) -> None:
     await client.send_messages(QUEUE, [Message(body) for body in bodies])
 
 
+async def consume(client: AsyncClient, handler: Handler, *, concurrency: int, count: int) -> ConsumerStats:
+    """run_consumer until `count` messages were handled or failed, within 60 s."""
+    return await asyncio.wait_for(
+        run_consumer(
+            client,
+            QUEUE,
+            handler,
+            concurrency=concurrency,
+            visibility_timeout_ms=CLAIM_MS,
+            handle_signals=False,
+            max_messages=count,
+        ),
+        60,
+    )
+
+
 async def left_in_queue(client: AsyncClient) -> tuple[int, int]:
     """(in flight, visible or waiting out a release's backoff)."""
     attributes = await client.attributes(QUEUE)
@@ -83,18 +99,7 @@ def test_a_handler_returning_an_awaitable_runs_its_body_before_the_message_is_de
     async def scenario() -> tuple[ConsumerStats, tuple[int, int]]:
         async with AsyncClient(server.endpoint) as client:
             await send(client, bodies)
-            stats = await asyncio.wait_for(
-                run_consumer(
-                    client,
-                    QUEUE,
-                    handler,
-                    concurrency=3,
-                    visibility_timeout_ms=CLAIM_MS,
-                    handle_signals=False,
-                    max_messages=len(bodies),
-                ),
-                60,
-            )
+            stats = await consume(client, handler, concurrency=3, count=len(bodies))
             return stats, await left_in_queue(client)
 
     stats, left = asyncio.run(scenario())
@@ -119,18 +124,7 @@ def test_an_awaitable_from_a_sync_handler_that_fails_releases_its_message(server
     async def scenario() -> tuple[ConsumerStats, tuple[int, int]]:
         async with AsyncClient(server.endpoint) as client:
             await send(client, [b"doomed"])
-            stats = await asyncio.wait_for(
-                run_consumer(
-                    client,
-                    QUEUE,
-                    handler,
-                    concurrency=1,
-                    visibility_timeout_ms=CLAIM_MS,
-                    handle_signals=False,
-                    max_messages=1,
-                ),
-                60,
-            )
+            stats = await consume(client, handler, concurrency=1, count=1)
             return stats, await left_in_queue(client)
 
     stats, left = asyncio.run(scenario())
@@ -158,18 +152,7 @@ def test_a_handler_raising_cancelled_error_releases_its_message_and_its_worker_g
     async def scenario() -> tuple[ConsumerStats, tuple[int, int]]:
         async with AsyncClient(server.endpoint) as client:
             await send(client, [b"cancelled", *fine])
-            stats = await asyncio.wait_for(
-                run_consumer(
-                    client,
-                    QUEUE,
-                    handler,
-                    concurrency=1,
-                    visibility_timeout_ms=CLAIM_MS,
-                    handle_signals=False,
-                    max_messages=1 + len(fine),
-                ),
-                60,
-            )
+            stats = await consume(client, handler, concurrency=1, count=1 + len(fine))
             return stats, await left_in_queue(client)
 
     with caplog.at_level(logging.WARNING, logger="shardq.consumer"):
@@ -244,18 +227,7 @@ def test_concurrency_sync_handlers_run_at_once_and_their_threads_end_with_run_co
     async def scenario() -> tuple[ConsumerStats, tuple[int, int], list[threading.Thread]]:
         async with AsyncClient(server.endpoint) as client:
             await send(client, [b"m%d" % n for n in range(workers)])
-            stats = await asyncio.wait_for(
-                run_consumer(
-                    client,
-                    QUEUE,
-                    handler,
-                    concurrency=workers,
-                    visibility_timeout_ms=CLAIM_MS,
-                    handle_signals=False,
-                    max_messages=workers,
-                ),
-                60,
-            )
+            stats = await consume(client, handler, concurrency=workers, count=workers)
             # Still on the loop: the threads end with run_consumer, not with asyncio.run.
             deadline = time.monotonic() + 10
             while alive := [thread for thread in set(handler_threads) if thread.is_alive()]:
