@@ -25,6 +25,7 @@ from shardq.channel_options import RESOLVE_AGAIN_WITHIN_HALF_A_SECOND
 from shardq.coalescing import Coalescer, Companions, Item, Result, WokenTogether
 from shardq.consumer_streams import ConsumerStream
 from shardq.converting import message_to_proto, received_from_proto, send_results_from_proto, settings_from_proto
+from shardq.durations import MAX_DURATION_MS
 from shardq.errors import InvalidArgument, NotLeader, QueueFull, Unavailable
 from shardq.queues import MAX_RECEIVE_BATCH, MAX_RECEIVE_SHARES
 from shardq.receipts import MalformedReceipt, decode_receipt
@@ -105,7 +106,10 @@ def _refused_whole_for_a_part(error: Exception) -> bool:
 
 
 def _send_request(queue: str, shard: int | None, messages: Sequence[Message]) -> queue_pb2.SendMessagesRequest:
-    request = queue_pb2.SendMessagesRequest(queue=queue, messages=[message_to_proto(m) for m in messages])
+    try:
+        request = queue_pb2.SendMessagesRequest(queue=queue, messages=[message_to_proto(m) for m in messages])
+    except (TypeError, ValueError, AttributeError):
+        raise _unsendable(messages) from None
     if shard is not None:
         request.shard = shard
     return request
@@ -182,6 +186,28 @@ class _QueueRoutes:
     fifo: bool
     # Per shard, the leader's address ("" while unknown).
     leaders: list[str]
+
+
+def _unsendable(messages: Sequence[Message]) -> InvalidArgument:
+    """The first message protobuf cannot hold (a `str` body, a non-string attribute, a delay
+    past int64), named as the server names a message it refuses: the bare TypeError or
+    ValueError said neither which message nor which field."""
+    for position, message in enumerate(messages):
+        try:
+            message_to_proto(message)
+        except (TypeError, ValueError, AttributeError) as error:
+            return InvalidArgument(f"messages[{position}]", f"cannot be sent as given: {error}")
+    return InvalidArgument("messages", "cannot be sent as given")
+
+
+_INT64_MIN, _INT64_END = -(2**63), 2**63
+
+
+def _check_duration(field: str, ms: int | None) -> None:
+    """A duration the request cannot hold (past int64) raised protobuf's bare ValueError:
+    refused here, naming the field, as the server refuses the ones it can hold but not take."""
+    if ms is not None and not _INT64_MIN <= ms < _INT64_END:
+        raise InvalidArgument(field, f"must be 0..{MAX_DURATION_MS} ms, got {ms}")
 
 
 def _check_receive_count(max_messages: int) -> None:
@@ -479,7 +505,11 @@ class AsyncClient:
         # A repeated send stores nothing new only when every message has a dedup id; such
         # calls share requests only with each other, so they keep that guarantee.
         idempotent = all(message.dedup_id for message in messages)
-        if not messages or len(messages) > MAX_AUTO_BATCH or not _small_enough_to_share(messages):
+        try:
+            shareable = _small_enough_to_share(messages)
+        except (TypeError, AttributeError):  # a field of the wrong type: name it
+            raise _unsendable(messages) from None
+        if not messages or len(messages) > MAX_AUTO_BATCH or not shareable:
             # Empty and long calls are refused or answered as sent; a large one gains nothing.
             return await self._send_now(queue, address, shard, idempotent, messages)
         return await self._sender(queue, address, shard, idempotent).add_many(messages)
@@ -591,6 +621,8 @@ class AsyncClient:
         as that caller's own receive would, in the same commits. Long polls go alone:
         a shared one would hold every caller until the slowest share ended."""
         _check_receive_count(max_messages)
+        _check_duration("visibility_timeout_ms", visibility_timeout_ms)
+        _check_duration("wait_time_ms", wait_time_ms)
         if wait_time_ms == 0 and 1 <= max_messages <= MAX_RECEIVE_BATCH:
             return await self._receiver(queue, visibility_timeout_ms).add(max_messages)
         return (await self._receive_now(queue, visibility_timeout_ms, [max_messages], wait_time_ms=wait_time_ms))[0]
@@ -722,6 +754,9 @@ class AsyncClient:
         one leader share a request, as deletes do. The server refuses a whole request for
         one invalid timeout; a shared request so refused is sent again call by call, so
         only the caller whose timeout it was gets the error."""
+        for position, (_, timeout_ms) in enumerate(changes):
+            if not _INT64_MIN <= timeout_ms < _INT64_END:  # the field is named only when needed
+                _check_duration(f"changes[{position}].visibility_timeout_ms", timeout_ms)
 
         async def call(address: str, chunk: list[tuple[str, int]]) -> list[EntryResult]:
             if not chunk or len(chunk) > MAX_RECEIVE_BATCH:  # the server validates and refuses it

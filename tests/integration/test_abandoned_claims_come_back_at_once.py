@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from shardq import AsyncClient, Message
+from shardq import AsyncClient, InvalidArgument, Message
 from shardq.types import QueueAttributes, ReceivedMessage
 from tests.support.servers import ServerFactory, ServerProcess
 
@@ -103,7 +103,10 @@ def test_one_callers_wrongly_typed_input_fails_that_caller_alone(server: ServerP
         call: sum(isinstance(outcome, BaseException) for outcome in results[:-1]) for call, results in outcomes.items()
     }
     assert failed_for_another == dict.fromkeys(outcomes, 0), f"good calls failed for another's input: {outcomes}"
-    assert all(isinstance(results[-1], TypeError) for results in outcomes.values()), outcomes
+    # Each bad call gets its own error: a send InvalidArgument naming its message, a delete
+    # the TypeError protobuf raised for its receipt.
+    expected = {"delete_messages": TypeError, "send_messages": InvalidArgument, "send": InvalidArgument}
+    assert {call: type(results[-1]) for call, results in outcomes.items()} == expected, outcomes
     assert all(result.ok for call in ("delete_messages", "send_messages") for r in outcomes[call][:-1] for result in r)
     assert all(result.ok for result in outcomes["send"][:-1])
     # Six deleted, twelve stored, none left claimed by a delete that failed for another's receipt.
