@@ -8,6 +8,7 @@ producer-stream batches exactly as concurrent coroutines are.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import signal
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -40,6 +41,11 @@ class Client:
         return AsyncClient(endpoint, route_directly=route_directly)
 
     def _run(self, awaitable: Awaitable[T]) -> T:
+        if self._loop.is_closed():
+            if inspect.iscoroutine(awaitable):
+                awaitable.close()  # never to run: no "was never awaited" warning for it
+            raise RuntimeError("this Client is closed: make a new one")
+
         async def wrapped() -> T:
             return await awaitable
 

@@ -128,6 +128,9 @@ class ConsumerStream:
         # claim of two every other message for a consumer taking one message at a time,
         # and in halves four stream workers took 16% more messages a second (README,
         # Latency). Half still leaves the server the other half to push meanwhile.
+        if self._reader is None:
+            # Never opened: nothing would ever arrive, and the loop below waited for good.
+            raise RuntimeError("open the consumer stream first: `async with client.consume(queue) as stream:`")
         half = max(1, self._credits // 2)
         while True:
             if not self._ready:

@@ -15,6 +15,9 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
+
+import pytest
 
 from shardq import AsyncClient, Client, Message
 from tests.integration.scraping import scraped_total
@@ -73,3 +76,14 @@ def test_a_burst_of_first_calls_asks_for_the_shard_map_once(server: ServerProces
 
     asyncio.run(burst())
     assert describes() - before == 1
+
+
+def test_a_closed_client_says_so(server: ServerProcess) -> None:
+    """A call on a closed blocking Client raised "Event loop is closed" with a warning that
+    a coroutine was never awaited; it says what is wrong now, and warns of nothing."""
+    client = Client(server.endpoint)
+    client.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeError, match="this Client is closed"):
+            client.send("orders", b"too late")
