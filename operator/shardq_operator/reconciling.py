@@ -535,12 +535,15 @@ class Reconciler:
                 led_load[lease.holder] += reports[shard].load if shard in reports else 0.0
         previous = owner.get("status", {}).get("conditions", [])
         all_ready = len(ready) == len(servers)
+        moving = [f"{shard}: {why}" for shard, why in sorted(moves.waiting.items())]
         scaling = (
             f"scaling in to {spec_servers} servers: moving replicas off {', '.join(moves.draining)} first"
             if moves.draining
             else ""
         )
-        moving = [f"{shard}: {why}" for shard, why in sorted(moves.waiting.items())]
+        stuck = [f"{shard}: {why}" for shard, why in sorted(moves.stuck.items())]
+        if scaling and stuck:  # why it does not finish, not only that it goes on
+            scaling += f"; {'; '.join(stuck[:3])}" + (f" (and {len(stuck) - 3} more)" if len(stuck) > 3 else "")
         conditions = [
             condition(
                 previous,

@@ -57,6 +57,8 @@ class MovePlan:
     waiting: dict[str, str]
     # Servers still holding replicas that must go (scale-in not done while non-empty).
     draining: list[str]
+    # lease name -> why its replica cannot leave a server that goes (no server to take it).
+    stuck: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def settled(self) -> bool:
@@ -101,6 +103,7 @@ def plan_replica_moves(
     started: list[ReplicaMove] = []
     finished: list[ReplicaMove] = []
     waiting: dict[str, str] = {}
+    stuck: dict[str, str] = {}
     counts = replica_counts(cluster, servers)
 
     # 1. Shards in the middle of a move: finish what can be finished.
@@ -154,6 +157,12 @@ def plan_replica_moves(
             continue  # its move started in this pass
         candidates = [server for server in targets if server not in replicas]
         if not candidates:
+            if source not in staying:
+                # A scale-in that cannot finish: say why, or it waits in silence for good.
+                stuck[lease_name(shard)] = (
+                    f"cannot leave {source}: every ready server that stays holds a replica already "
+                    f"({factors.get(shard.queue, len(replicas))} replicas need as many servers)"
+                )
             continue
         target = min(candidates, key=lambda server: (counts[server], server))
         if source in staying and counts[source] - counts[target] <= 1:
@@ -173,6 +182,7 @@ def plan_replica_moves(
         finished=finished,
         waiting=waiting,
         draining=draining,
+        stuck=stuck,
     )
 
 

@@ -120,6 +120,18 @@ def test_scaling_in_from_five_to_three_drains_the_last_two_and_hands_their_leade
     assert all(plan.draining for plan in history[:-1] if any(plan.waiting.values()))
 
 
+def test_a_scale_in_that_cannot_finish_says_why() -> None:
+    """Five replicas cannot live on three servers: the plan moves nothing and says so per
+    shard, where it waited in silence (seen on the real node: `replicaMoves: []` for good)."""
+    cluster = cluster_on(5, [QueueEntry("wide", {"shards": 2, "replicas": 5})])
+    plan = plan_replica_moves(cluster=cluster, servers=servers(3), ready=servers(5), leases=first_leases(cluster))
+    assert plan.started == []
+    assert sorted(plan.draining) == ["s3", "s4"]
+    assert sorted(plan.stuck) == ["wide.0", "wide.1"]
+    assert all("5 replicas need as many servers" in why for why in plan.stuck.values()), plan.stuck
+    assert not plan.settled
+
+
 def test_a_balanced_cluster_moves_nothing() -> None:
     cluster = cluster_on(3, orders_dlq_and_fifo())
     plan = plan_replica_moves(cluster=cluster, servers=servers(3), ready=servers(3), leases=first_leases(cluster))
