@@ -45,6 +45,26 @@ def shown_briefly(text: str, limit: int = 40) -> str:
     return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
 
 
+def format_age_ms(ms: int) -> str:
+    """An age to read at a glance, as kubectl shows one: two units at most, rounded down
+    (127168 -> "2m7s", 5400000 -> "90m", 93784000 -> "26h", 700000000 -> "8d")."""
+    seconds = ms // 1000
+    minutes, hours, days = seconds // 60, seconds // 3600, seconds // 86400
+    if seconds < 120:
+        return f"{seconds}s" if seconds else f"{ms}ms"
+    if minutes < 10:
+        return f"{minutes}m{seconds % 60}s" if seconds % 60 else f"{minutes}m"
+    if hours < 3:
+        return f"{minutes}m"
+    if hours < 8:
+        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
+    if days < 2:
+        return f"{hours}h"
+    if days < 8:
+        return f"{days}d{hours % 24}h" if hours % 24 else f"{days}d"
+    return f"{days}d"
+
+
 def format_duration_ms(ms: int) -> str:
     """The largest whole unit that states `ms` exactly: 345600000 -> "4d", 90000 -> "90s"."""
     if ms == 0:

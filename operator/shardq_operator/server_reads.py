@@ -20,7 +20,7 @@ from typing import Any
 
 from shardq import Client, ShardqError
 from shardq.coordination.placement import ShardId
-from shardq.durations import format_duration_ms
+from shardq.durations import format_age_ms
 from shardq_operator.statuses import LeaderReport, leader_reports
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def read_queue_counts(addresses: Sequence[str], queue: str) -> dict[str, Any] | 
         return {
             "visible": attributes.visible,
             "inFlight": attributes.in_flight,
-            "oldestAge": format_duration_ms(attributes.oldest_age_ms) if attributes.oldest_age_ms else "",
+            "oldestAge": format_age_ms(attributes.oldest_age_ms) if attributes.oldest_age_ms else "",
         }
     return None
 
