@@ -116,6 +116,12 @@ UNRESOLVED_HOST_TEXTS = (
 )
 
 
+def host_unresolved(error: grpc.RpcError) -> bool:
+    """Whether a call failed because its host name did not resolve."""
+    details = error.details() or ""
+    return error.code() == grpc.StatusCode.UNAVAILABLE and any(words in details for words in UNRESOLVED_HOST_TEXTS)
+
+
 def never_sent(error: grpc.RpcError) -> bool:
     """Whether a call failed before reaching any server (so it changed nothing): refused,
     not connected, or its host name did not resolve (a leader's in-cluster name, seen
@@ -123,11 +129,7 @@ def never_sent(error: grpc.RpcError) -> bool:
     if error.code() != grpc.StatusCode.UNAVAILABLE:
         return False
     details = error.details() or ""
-    return (
-        "failed to connect" in details
-        or "Connection refused" in details
-        or any(words in details for words in UNRESOLVED_HOST_TEXTS)
-    )
+    return "failed to connect" in details or "Connection refused" in details or host_unresolved(error)
 
 
 def unknown_if_sent(error: grpc.RpcError, failure: ShardqError, what: str) -> ShardqError:
