@@ -58,6 +58,12 @@ RECEIVE_BYTES_BUDGET = 32 * 1024 * 1024
 JOIN_OPEN_BATCHES_UP_TO_CALLS = 8
 
 
+# A receipt call whose shard's leader moved is tried again on fresh routes after these
+# pauses (doubling), for up to a lease duration.
+FAILOVER_RETRY_FIRST_S = 0.05
+FAILOVER_RETRY_MAX_S = 0.5
+
+
 @dataclasses.dataclass(slots=True)
 class Peeked:
     """What a peek found: (shard, record, delivery) led here, and what other leaders
@@ -688,7 +694,10 @@ class HostedQueue:
 
             async def act_elsewhere(index: int, items: list[tuple[int, Receipt]]) -> None:
                 assert self.router is not None
-                for attempt in range(2):
+                loop = asyncio.get_running_loop()
+                gives_up_at: float | None = None
+                pause_s = FAILOVER_RETRY_FIRST_S
+                while True:
                     shard = self.leader_here(index)
                     if shard is not None:  # leadership came here meanwhile
                         finish_locally(shard, items, await shard.committer.enqueue(act_locally(items)))
@@ -710,12 +719,23 @@ class HostedQueue:
                         ]
                     else:
                         record(items, [Reason.NOT_LEADER] * len(items))
-                    if not items or attempt:
+                    if not items:
+                        return
+                    if gives_up_at is None:
+                        # A shard failing over has its new leader within about a lease duration
+                        # of the first NOT_LEADER: the old lease expires, is taken over, and the
+                        # new holder starts leading. (Counted from the answer, not the call: a
+                        # stopped leader answers only once it runs again, seconds later.)
+                        gives_up_at = loop.time() + self.router.cluster.lease_duration_ms / 1000
+                    elif loop.time() >= gives_up_at:
                         return
                     # Leadership moved since the last route refresh (a leader that was
-                    # stopped or cut off answers NOT_LEADER once it learns): look again,
-                    # once, as sends do. The claims live on in the new leader, so acting
-                    # there keeps a delete from turning into a redelivery.
+                    # stopped or cut off answers NOT_LEADER once it learns, and the lease's
+                    # new holder may not lead yet): look again, for up to a lease duration.
+                    # The claims live on in the new leader, so acting there keeps a delete
+                    # from turning into a redelivery.
+                    await asyncio.sleep(pause_s)
+                    pause_s = min(2 * pause_s, FAILOVER_RETRY_MAX_S)
                     await asyncio.to_thread(self.router.refresh)
 
             local: list[tuple[HostedShard, list[tuple[int, Receipt]], asyncio.Future[list[Reason | None]]]] = []

@@ -118,12 +118,18 @@ def test_a_forwarded_delete_follows_the_shard_to_its_new_leader(
     cluster.leases.update(
         build_takeover(expired, new_holder="s2", now_ms=int(time.time() * 1000), duration_ms=cluster.lease_ms)
     )
-    with Client(cluster.endpoint("s2")) as client:
-        wait_for(
-            lambda: client.describe("orders")[0].leader_address == cluster.endpoint("s2") or None,
-            timeout=20,
-            what="s2 to lead shard 0",
-        )
+    with grpc.insecure_channel(cluster.endpoint("s2")) as to_s2:
+        peek = queue_pb2.ReceiveMessagesRequest(queue="orders", shard=0, max_messages=1, peek=True)
+
+        def leads_shard_0() -> bool:
+            # A peek naming shard 0 is answered by s2 itself only once it leads it.
+            try:
+                queue_pb2_grpc.QueueServiceStub(to_s2).ReceiveMessages(peek, timeout=5)
+            except grpc.RpcError:
+                return False
+            return True
+
+        wait_for(leads_shard_0, timeout=20, what="s2 to lead shard 0")
     os.kill(deleting.stopped_leader_pid, signal.SIGCONT)
 
     answer = deleting.answer.result(timeout=60)
