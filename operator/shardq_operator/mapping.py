@@ -27,9 +27,9 @@ from shardq_operator import naming
 _NOT_SETTINGS = {"cluster"}
 
 
-def queue_entry(name: str, spec: Mapping[str, Any]) -> QueueEntry:
-    """The queue a Queue resource specifies; ValueError naming the bad setting."""
-    entry = QueueEntry(name, {key: value for key, value in spec.items() if key not in _NOT_SETTINGS})
+def queue_entry(name: str, spec: Mapping[str, Any], uid: str = "") -> QueueEntry:
+    """The queue a Queue resource specifies (`uid`: the resource's); ValueError naming the bad setting."""
+    entry = QueueEntry(name, {key: value for key, value in spec.items() if key not in _NOT_SETTINGS}, uid=uid)
     entry.config  # noqa: B018 -- parsing is the validation
     return entry
 
@@ -69,10 +69,12 @@ def desired_map(
     lease_duration_ms: int,
     queues: Mapping[str, Mapping[str, Any]],
     current: ClusterMap | None,
+    uids: Mapping[str, str] | None = None,
 ) -> DesiredMap:
     """The map for `queues` (name -> Queue spec) on a cluster of `servers` pods. New
     queues go on those; servers beyond them stay in the map while they hold replicas
-    (`shardq.coordination.replica_moves` moves those off)."""
+    (`shardq.coordination.replica_moves` moves those off). `uids` (name -> the Queue's
+    metadata.uid) tell the servers which creation of a queue of that name each is."""
     problems: dict[str, str] = {}
     placement = current.placement if current is not None else {}
     result = with_servers(
@@ -90,7 +92,7 @@ def desired_map(
     wanted: dict[str, QueueEntry] = {}
     for name, spec in sorted(queues.items()):
         try:
-            wanted[name] = queue_entry(name, spec)
+            wanted[name] = queue_entry(name, spec, (uids or {}).get(name, ""))
         except ValueError as error:
             problems[name] = str(error)
     for existing in list(result.queues):
@@ -104,7 +106,11 @@ def desired_map(
         try:
             if present is None:
                 result = with_queue_added(result, entry, on=staying)
-            elif present.spec != entry.spec:
+            elif present.spec != entry.spec or (entry.uid and entry.uid != present.uid):
+                # A uid differs when the map was written before uids (servers take it as
+                # the data's), or for a Queue made again under the name (servers drop
+                # the old one's data): the finalizer keeps the name until the map drops
+                # it, so only a map edited by hand gets here.
                 result = with_queue_changed(result, entry)
         except ValueError as error:
             problems[name] = str(error)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from shardq.coordination.cluster_map import ClusterMap, cluster_map_from_text, lease_name
+from shardq.coordination.cluster_map import ClusterMap, cluster_map_from_text, lease_name, new_shards
 from shardq.coordination.fencing import build_isr_change, build_takeover, is_expired, isr_of
 from shardq.coordination.leases import LeaseConflict, LeaseRecord
 from shardq.coordination.placement import ShardId
@@ -207,6 +207,7 @@ class Reconciler:
             servers=spec_servers,
             lease_duration_ms=lease_ms,
             queues={queue_name: queue.get("spec", {}) for queue_name, queue in live.items()},
+            uids={queue_name: str(queue["metadata"].get("uid", "")) for queue_name, queue in live.items()},
             current=current,
         )
         leases = self.kube.leases(namespace)
@@ -225,10 +226,7 @@ class Reconciler:
         count = servers_needed(name, spec_servers, moves.cluster_map.placement)
         cluster_map = with_servers(moves.cluster_map, name=name, namespace=namespace, count=count)
         # Leases first: a server that sees a new shard in the map finds its lease.
-        known = set(current.shards()) if current is not None else set()
-        for shard in cluster_map.shards():
-            if shard in known:
-                continue
+        for shard in new_shards(current, cluster_map):
             existing = leases.get(lease_name(shard))
             record = lease_for_new_shard(
                 existing,
@@ -236,6 +234,7 @@ class Reconciler:
                 replicas=cluster_map.replicas_of(shard),
                 now_ms=wall_clock_ms(),
                 duration_ms=cluster_map.lease_duration_ms,
+                queue_uid=cluster_map.queue_uid(shard.queue),
             )
             if existing is None:
                 leases.create(record)

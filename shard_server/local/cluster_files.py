@@ -21,6 +21,7 @@ from shardq.coordination.cluster_map import (
     ClusterMap,
     QueueEntry,
     ServerEntry,
+    new_queue_uid,
     place_queues,
     read_cluster_map,
     write_cluster_map,
@@ -47,7 +48,7 @@ def parse_queue_argument(text: str) -> QueueEntry:
         if not equals:
             raise ValueError(f"--queue {text!r}: {item!r} is not key=value")
         spec[key.strip()] = value.strip()
-    entry = QueueEntry(name=name.strip(), spec=spec)
+    entry = QueueEntry(name=name.strip(), spec=spec, uid=new_queue_uid())
     entry.config  # noqa: B018 -- parsing is the validation; an invalid spec raises ValueError here
     return entry
 

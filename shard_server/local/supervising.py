@@ -38,10 +38,10 @@ from shardq.coordination.takeovers import (
     Takeover,
     TakeoverReason,
     Waiting,
-    build_initial_lease,
     choose_failovers,
     choose_rebalancing,
     isr_after_takeover,
+    lease_for_new_shard,
 )
 
 logger = logging.getLogger("shard_server.local")
@@ -70,8 +70,13 @@ def ensure_shard_leases(store: LeaseStore, cluster: ClusterMap, *, now_ms: int) 
     for shard in cluster.shards():
         if store.get(lease_name(shard)) is not None:
             continue
-        lease = build_initial_lease(
-            shard=shard, replicas=cluster.replicas_of(shard), now_ms=now_ms, duration_ms=cluster.lease_duration_ms
+        lease = lease_for_new_shard(
+            None,
+            shard=shard,
+            replicas=cluster.replicas_of(shard),
+            now_ms=now_ms,
+            duration_ms=cluster.lease_duration_ms,
+            queue_uid=cluster.queue_uid(shard.queue),
         )
         try:
             created.append(store.create(lease))

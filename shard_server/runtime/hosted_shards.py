@@ -30,6 +30,10 @@ class ShardsQueue(Protocol):
     @property
     def config(self) -> QueueConfig: ...
 
+    @property
+    def uid(self) -> str:
+        """Which creation of the queue this is ("" when the map does not say)."""
+
     def wake(self) -> None:
         """A commit may have made a message visible: wake the queue's waiting receivers."""
 

@@ -36,6 +36,7 @@ from shard_server.storage.lmdb_store import (
     ShardEnvironment,
     ShardStats,
 )
+from shard_server.storage.queue_directories import claim_queue_directory, held_uid
 from shardq.api.v1 import queue_pb2
 from shardq.errors import InvalidArgument, NotLeader, QueueNotFound, Reason, ShardqError
 from shardq.queues import QueueConfig
@@ -94,14 +95,19 @@ class HostedQueue:
         writers: WriterThreads,
         local_shards: Sequence[int] | None = None,
         router: Router | None = None,
+        uid: str = "",
     ) -> None:
         """Host `local_shards` (all shards when standalone) of the queue in `directory`.
 
         Standalone (no router): every shard is local and led here. Cluster mode:
         only the shards placed on this server are local, leadership comes from
-        their leases, and the router forwards the rest to their leaders.
+        their leases, and the router forwards the rest to their leaders. `uid` names
+        the creation of the queue (the cluster map's): data in `directory` of another
+        creation is deleted first (`queue_directories`).
         """
         self.config = config
+        self.uid = uid
+        claim_queue_directory(directory, uid)
         self.router = router
         self._waiters: set[asyncio.Future[None]] = set()
         self._round_robin = itertools.count()
@@ -143,6 +149,15 @@ class HostedQueue:
                 HostedShard(self, index, environment, epoch, replicated=router is not None, writers=writers)
             )
         self.by_index = {shard.index: shard for shard in self.shards}
+
+    def adopt_uid(self, uid: str) -> None:
+        """Take `uid` as this queue's, where the map named none when it was opened (a map
+        written before uids): the data here is that creation's."""
+        if not uid or self.uid:
+            return
+        if not held_uid(self.directory):
+            claim_queue_directory(self.directory, uid)
+        self.uid = uid
 
     def add_shard(self, index: int) -> HostedShard:
         """Host a replica of shard `index` placed here by a replica move (cluster mode); it

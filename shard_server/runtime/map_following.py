@@ -38,6 +38,7 @@ from shardq.coordination.cluster_map import (
     change_between,
     cluster_map_from_text,
     lease_name,
+    new_shards,
     read_cluster_map,
     write_cluster_map,
 )
@@ -143,6 +144,10 @@ class ClusterMapFollower:
                 # Shards read the config for every batch: the next one uses the new settings.
                 self.host.queues[entry.name].config = entry.config
                 log.info("cluster map: queue %s settings changed", entry.name)
+            for entry in effective.queues:
+                hosted = self.host.queues.get(entry.name)
+                if hosted is not None and entry.uid and not hosted.uid:  # a map from before uids, now naming one
+                    await asyncio.to_thread(hosted.adopt_uid, entry.uid)
             for name in change.moved:
                 await self._move_replicas(self.host.queues[name], old, effective)
 
@@ -207,10 +212,8 @@ class ClusterMapFile:
         with self._locked():
             current = read_cluster_map(self.path)
             new = edit(current)
-            known = set(current.shards())
-            for shard in new.shards():
-                if shard not in known:
-                    self._lease_for_new_shard(new, shard.queue, shard.index)
+            for shard in new_shards(current, new):
+                self._lease_for_new_shard(new, shard.queue, shard.index)
             write_cluster_map(self.path, new)
         return new
 
@@ -223,6 +226,7 @@ class ClusterMapFile:
             replicas=cluster.replicas_of(shard),
             now_ms=self._now_ms(),
             duration_ms=cluster.lease_duration_ms,
+            queue_uid=cluster.queue_uid(queue),
         )
         if existing is None:
             self.leases.create(record)

@@ -29,6 +29,7 @@ from shard_server.storage.queue_catalog import QueueCatalog
 from shardq.coordination.cluster_map import (
     ClusterMap,
     QueueEntry,
+    new_queue_uid,
     with_queue_added,
     with_queue_changed,
     with_queue_removed,
@@ -178,7 +179,8 @@ class QueueAdmin:
                 return existing, False
             self._refuse_what_one_server_cannot_keep(config)
             if self.map_file is not None:
-                await self._change_map(functools.partial(with_queue_added, queue=QueueEntry(name, dict(settings))))
+                entry = QueueEntry(name, dict(settings), uid=new_queue_uid())
+                await self._change_map(functools.partial(with_queue_added, queue=entry))
                 log.info("created queue %s in the cluster map", name)
                 created = self.host.get(name)
                 assert self.follower is not None

@@ -14,6 +14,7 @@ import json
 import os
 import pathlib
 import re
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -39,10 +40,20 @@ class QueueEntry:
 
     name: str
     spec: dict[str, Any]
+    # Which creation of a queue of this name this is ("" where whoever wrote the map
+    # does not say). A server holding data of another creation (a volume retained or
+    # restored from before the queue was deleted and made again) discards it: that data
+    # is not this queue's, and the namesake's new leases may start again at epoch 1.
+    uid: str = ""
 
     @property
     def config(self) -> QueueConfig:
         return queue_config_from_spec(self.name, self.spec)
+
+
+def new_queue_uid() -> str:
+    """A uid for a queue created now (the operator uses the Queue object's own)."""
+    return uuid.uuid4().hex
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -76,6 +87,10 @@ class ClusterMap:
 
     def replicas_of(self, shard: ShardId) -> tuple[str, ...]:
         return tuple(self.placement[shard.queue][shard.index])
+
+    def queue_uid(self, name: str) -> str:
+        """Which creation of queue `name` the map means ("" when it does not say)."""
+        return next((queue.uid for queue in self.queues if queue.name == name), "")
 
     def address_of(self, server_id: str) -> str:
         """The server's gRPC address, or "" for a server the map does not know."""
@@ -137,7 +152,10 @@ def cluster_map_to_json(cluster: ClusterMap) -> dict[str, Any]:
             entry.server_id: {"address": entry.address, "metrics_address": entry.metrics_address}
             for entry in cluster.servers.values()
         },
-        "queues": [{"name": queue.name, "spec": queue.spec} for queue in cluster.queues],
+        "queues": [
+            {"name": queue.name, "spec": queue.spec, **({"uid": queue.uid} if queue.uid else {})}
+            for queue in cluster.queues
+        ],
         "placement": cluster.placement,
         "lease_duration_ms": cluster.lease_duration_ms,
     }
@@ -154,7 +172,10 @@ def cluster_map_from_json(data: Mapping[str, Any]) -> ClusterMap:
             )
             for server_id, entry in data["servers"].items()
         }
-        queues = [QueueEntry(name=str(queue["name"]), spec=dict(queue.get("spec", {}))) for queue in data["queues"]]
+        queues = [
+            QueueEntry(name=str(queue["name"]), spec=dict(queue.get("spec", {})), uid=str(queue.get("uid", "")))
+            for queue in data["queues"]
+        ]
         placement = {
             str(queue): [[str(server) for server in replicas] for replicas in shards]
             for queue, shards in data["placement"].items()
@@ -241,10 +262,13 @@ def with_queue_removed(cluster: ClusterMap, name: str) -> ClusterMap:
 
 
 def with_queue_changed(cluster: ClusterMap, queue: QueueEntry) -> ClusterMap:
-    """The map with `queue`'s settings replaced; settings fixed at creation may not change."""
+    """The map with `queue`'s settings replaced; settings fixed at creation may not change.
+    A `queue` that does not name its uid keeps the one the map has."""
     current = next((entry for entry in cluster.queues if entry.name == queue.name), None)
     if current is None:
         raise ValueError(f"queue {queue.name!r} is not in the cluster map")
+    if not queue.uid:
+        queue = dataclasses.replace(queue, uid=current.uid)
     before, after = current.config, queue.config
     fixed = [setting for setting in IMMUTABLE_SETTINGS if getattr(before, setting) != getattr(after, setting)]
     if fixed:
@@ -274,14 +298,33 @@ class MapChange:
         return not (self.added or self.removed or self.changed or self.refused or self.moved)
 
 
+def recreated(was: QueueEntry, now: QueueEntry) -> bool:
+    """Whether `now` is another creation of the queue `was` (both name their uid): the
+    one deleted and the other made under its name since."""
+    return bool(was.uid and now.uid and was.uid != now.uid)
+
+
+def new_shards(old: ClusterMap | None, new: ClusterMap) -> list[ShardId]:
+    """The shards of `new` that need a new shard's lease (`lease_for_new_shard`): those
+    `old` did not have, and those of a queue made again under its name since."""
+    if old is None:
+        return new.shards()
+    before = {queue.name: queue for queue in old.queues}
+    renewed = {queue.name for queue in new.queues if queue.name in before and recreated(before[queue.name], queue)}
+    known = set(old.shards())
+    return [shard for shard in new.shards() if shard not in known or shard.queue in renewed]
+
+
 def change_between(old: ClusterMap, new: ClusterMap) -> MapChange:
-    """How `new` differs from `old`, queue by queue."""
+    """How `new` differs from `old`, queue by queue. A queue deleted and made again under
+    its name (another uid) is removed and added: the old one's data goes."""
     before = {queue.name: queue for queue in old.queues}
     after = {queue.name: queue for queue in new.queues}
+    renewed = {name for name in before.keys() & after.keys() if recreated(before[name], after[name])}
     changed: list[QueueEntry] = []
     refused: dict[str, str] = {}
     moved: list[str] = []
-    for name in sorted(before.keys() & after.keys()):
+    for name in sorted((before.keys() & after.keys()) - renewed):
         was_placed, now_placed = old.placement.get(name, []), new.placement.get(name, [])
         if before[name].spec == after[name].spec and was_placed == now_placed:
             continue
@@ -298,8 +341,8 @@ def change_between(old: ClusterMap, new: ClusterMap) -> MapChange:
         if was_placed != now_placed:
             moved.append(name)
     return MapChange(
-        added=[after[name] for name in sorted(after.keys() - before.keys())],
-        removed=sorted(before.keys() - after.keys()),
+        added=[after[name] for name in sorted((after.keys() - before.keys()) | renewed)],
+        removed=sorted((before.keys() - after.keys()) | renewed),
         changed=changed,
         refused=refused,
         moved=moved,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from shardq.coordination.leases import INCARNATIONS_ANNOTATION, ISR_ANNOTATION, LeaseRecord
+from shardq.coordination.leases import INCARNATIONS_ANNOTATION, ISR_ANNOTATION, QUEUE_UID_ANNOTATION, LeaseRecord
 
 _ISR_SEPARATOR = ","
 
@@ -97,6 +97,20 @@ def build_incarnations(record: LeaseRecord, incarnations: dict[str, str]) -> Lea
     annotations = dict(record.annotations)
     annotations[INCARNATIONS_ANNOTATION] = _ISR_SEPARATOR.join(f"{k}={v}" for k, v in sorted(incarnations.items()))
     return dataclasses.replace(record, annotations=annotations)
+
+
+def build_queue_uid(record: LeaseRecord, uid: str) -> LeaseRecord:
+    """The lease naming creation `uid` of its queue ("" names none)."""
+    annotations = {key: value for key, value in record.annotations.items() if key != QUEUE_UID_ANNOTATION}
+    if uid:
+        annotations[QUEUE_UID_ANNOTATION] = uid
+    return dataclasses.replace(record, annotations=annotations)
+
+
+def for_another_creation(record: LeaseRecord, uid: str) -> bool:
+    """Whether the lease is for another creation of the queue than `uid` (both named)."""
+    named = record.annotations.get(QUEUE_UID_ANNOTATION, "")
+    return bool(named and uid and named != uid)
 
 
 def build_abdication(record: LeaseRecord, *, leaving: str) -> LeaseRecord:

@@ -18,6 +18,10 @@ ISR_ANNOTATION = "shardq.io/isr"
 # comma-separated. A replica whose data was wiped and recreated has a new
 # incarnation, so the ISR's promise no longer covers it.
 INCARNATIONS_ANNOTATION = "shardq.io/incarnations"
+# Which creation of the shard's queue the lease is for (the cluster map's queue uid): a
+# replica of another creation (the queue deleted and made again under its name while it
+# ran) neither leads under it nor takes its leader's entries.
+QUEUE_UID_ANNOTATION = "shardq.io/queue-uid"
 
 
 class LeaseConflict(Exception):

@@ -13,7 +13,14 @@ import enum
 from collections.abc import Mapping, Sequence
 
 from shardq.coordination.cluster_map import ClusterMap, lease_name
-from shardq.coordination.fencing import build_incarnations, build_isr_change, build_takeover, is_expired, isr_of
+from shardq.coordination.fencing import (
+    build_incarnations,
+    build_isr_change,
+    build_queue_uid,
+    build_takeover,
+    is_expired,
+    isr_of,
+)
 from shardq.coordination.leases import LeaseRecord
 from shardq.coordination.placement import (
     ClusterState,
@@ -98,17 +105,25 @@ def build_initial_lease(*, shard: ShardId, replicas: Sequence[str], now_ms: int,
 
 
 def lease_for_new_shard(
-    existing: LeaseRecord | None, *, shard: ShardId, replicas: Sequence[str], now_ms: int, duration_ms: int
+    existing: LeaseRecord | None,
+    *,
+    shard: ShardId,
+    replicas: Sequence[str],
+    now_ms: int,
+    duration_ms: int,
+    queue_uid: str = "",
 ) -> LeaseRecord:
     """The lease a newly placed shard starts with: `build_initial_lease` when the name is
     new; when a deleted queue of the same name left its lease behind, that lease in the
     next epoch, held by the placement leader, every new (empty) replica in sync and no
     data incarnation vouched for, so receipts of the old queue never match the new one.
-    Create the first kind, update (CAS) the second."""
+    Either names the queue's creation (`queue_uid`, the map's), so replicas of the old
+    one still running ignore it. Create the first kind, update (CAS) the second."""
     if existing is None:
-        return build_initial_lease(shard=shard, replicas=replicas, now_ms=now_ms, duration_ms=duration_ms)
+        fresh = build_initial_lease(shard=shard, replicas=replicas, now_ms=now_ms, duration_ms=duration_ms)
+        return build_queue_uid(fresh, queue_uid)
     taken = build_takeover(existing, new_holder=replicas[0], now_ms=now_ms, duration_ms=duration_ms)
-    return build_incarnations(build_isr_change(taken, replicas), {})
+    return build_queue_uid(build_incarnations(build_isr_change(taken, replicas), {}), queue_uid)
 
 
 def holder_incarnation_is_gone(lease: LeaseRecord, servers: Mapping[str, ServerObservation]) -> bool:

@@ -29,7 +29,7 @@ from shardq.coordination.kubernetes_leases import KubernetesLeaseStore, connect
 from shardq.coordination.leases import LeaseConflict, LeaseRecord, LeaseStore
 from shardq.coordination.local_leases import LocalLeaseStore
 from shardq.coordination.placement import ShardId
-from shardq.coordination.takeovers import build_initial_lease
+from shardq.coordination.takeovers import lease_for_new_shard
 from shardq.errors import NotLeader, ShardqError, Unavailable
 from tests.support.ports import free_port
 from tests.support.servers import wait_for
@@ -65,11 +65,13 @@ class Cluster:
         spare_servers: tuple[str, ...] = (),
         more_queues: Sequence[tuple[QueueEntry, list[list[str]]]] = (),
         server_args: Sequence[str] = (),
+        uid: str = "",
     ) -> None:
         """A local lease file by default; with `kubernetes`, Lease objects in its namespace.
         `spare_servers` are in the map but hold no replica (yet): room to move replicas to.
         `more_queues`: queues besides `orders`, each with its placement. `server_args`:
-        more `shardq serve` options for every server."""
+        more `shardq serve` options for every server. `uid`: which creation of `orders`
+        the map names (none by default)."""
         self.server_args = tuple(server_args)
         root.mkdir(parents=True, exist_ok=True)
         self.root = root
@@ -98,7 +100,7 @@ class Cluster:
             self.leases,
             servers={server: self.endpoint(server) for server in servers},
             queue=QueueEntry(
-                "orders", {"shards": len(self.placement), "replicas": len(self.placement[0]), **(spec or {})}
+                "orders", {"shards": len(self.placement), "replicas": len(self.placement[0]), **(spec or {})}, uid=uid
             ),
             placement=self.placement,
             lease_duration_ms=lease_ms,
@@ -182,8 +184,13 @@ def seed_cluster(
     write_cluster_map(path, cluster)
     now = int(time.time() * 1000) if now_ms is None else now_ms
     for shard in cluster.shards():
-        record = build_initial_lease(
-            shard=shard, replicas=cluster.replicas_of(shard), now_ms=now, duration_ms=lease_duration_ms
+        record = lease_for_new_shard(
+            None,
+            shard=shard,
+            replicas=cluster.replicas_of(shard),
+            now_ms=now,
+            duration_ms=lease_duration_ms,
+            queue_uid=cluster.queue_uid(shard.queue),
         )
         try:
             leases.create(record)

@@ -193,3 +193,29 @@ def test_replicas_added_or_removed_are_a_move_the_servers_apply() -> None:
     assert [queue.name for queue in change.changed] == ["orders"]
     assert change.refused == {}
     assert not change.empty
+
+
+def test_a_queue_made_again_under_its_name_is_removed_and_added() -> None:
+    old = sample_map()
+    first = dataclasses.replace(old, queues=[dataclasses.replace(q, uid=f"{q.name}-1") for q in old.queues])
+    again = dataclasses.replace(
+        first, queues=[dataclasses.replace(q, uid="orders-2") if q.name == "orders" else q for q in first.queues]
+    )
+    change = change_between(first, again)
+    assert [queue.name for queue in change.added] == ["orders"]
+    assert change.added[0].uid == "orders-2"
+    assert change.removed == ["orders"]
+    assert change.changed == []
+    assert change.moved == []
+    # The uid goes through the map's text, and a map naming none (written before uids) parses.
+    assert cluster_map_from_text(cluster_map_to_text(again)) == again
+    assert "uid" not in cluster_map_to_text(old)
+
+
+def test_a_map_first_naming_a_queues_uid_is_no_change_and_a_settings_change_keeps_it() -> None:
+    old = sample_map()
+    named = dataclasses.replace(old, queues=[dataclasses.replace(q, uid="u-1") for q in old.queues])
+    assert change_between(old, named).empty
+    changed = with_queue_changed(named, QueueEntry("orders", {"shards": 4, "replicas": 3, "visibility_timeout": "9s"}))
+    assert next(q for q in changed.queues if q.name == "orders").uid == "u-1"
+    assert [queue.name for queue in change_between(named, changed).changed] == ["orders"]

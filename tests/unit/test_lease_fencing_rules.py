@@ -13,11 +13,14 @@ from shardq.coordination.fencing import (
     build_isr_change,
     build_renewal,
     build_takeover,
+    for_another_creation,
     is_expired,
     isr_of,
     safe_serving_deadline_ms,
 )
 from shardq.coordination.leases import ISR_ANNOTATION, LeaseRecord
+from shardq.coordination.placement import ShardId
+from shardq.coordination.takeovers import lease_for_new_shard
 
 T0 = 1_763_771_298_000
 DURATION_MS = 10_000
@@ -190,3 +193,44 @@ class TestSafeServingDeadline:
     def test_margin_must_leave_part_of_the_lease(self, duration_ms: int, margin_ms: int) -> None:
         with pytest.raises(ValueError, match="must be"):
             safe_serving_deadline_ms(0, duration_ms=duration_ms, clock_skew_margin_ms=margin_ms)
+
+
+class TestQueueCreations:
+    """A lease names which creation of its queue it is for, so a replica of a deleted
+    namesake, still running until the map reaches it, neither leads nor follows under it."""
+
+    def test_a_new_shards_lease_names_its_queues_creation_and_keeps_it_through_takeovers(self) -> None:
+        shard = ShardId("orders", 0)
+        fresh = lease_for_new_shard(
+            None, shard=shard, replicas=["s1", "s2"], now_ms=T0, duration_ms=DURATION_MS, queue_uid="c-1"
+        )
+        assert not for_another_creation(fresh, "c-1")
+        assert for_another_creation(fresh, "c-0")
+        moved = build_takeover(fresh, new_holder="s2", now_ms=T0 + 1, duration_ms=DURATION_MS)
+        assert for_another_creation(moved, "c-0")
+        assert not for_another_creation(moved, "c-1")
+
+    def test_a_namesakes_left_lease_moves_to_the_new_creation_in_the_next_epoch(self) -> None:
+        shard = ShardId("orders", 0)
+        old = dataclasses.replace(
+            lease_for_new_shard(
+                None, shard=shard, replicas=["s1", "s2"], now_ms=T0, duration_ms=DURATION_MS, queue_uid="c-1"
+            ),
+            version="3",
+            transitions=7,
+        )
+        again = lease_for_new_shard(
+            old, shard=shard, replicas=["s2", "s1"], now_ms=T0 + 5, duration_ms=DURATION_MS, queue_uid="c-2"
+        )
+        assert again.transitions == 8
+        assert again.holder == "s2"
+        assert for_another_creation(again, "c-1")
+        assert not for_another_creation(again, "c-2")
+
+    def test_a_lease_or_a_replica_that_names_no_creation_is_no_other_creation(self) -> None:
+        unnamed = held()
+        assert not for_another_creation(unnamed, "c-1")
+        named = lease_for_new_shard(
+            None, shard=ShardId("orders", 0), replicas=["s1"], now_ms=T0, duration_ms=DURATION_MS, queue_uid="c-1"
+        )
+        assert not for_another_creation(named, "")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import re
 from collections import Counter
 
 import lmdb
@@ -109,10 +110,14 @@ class TestClusterFile:
         data = json.loads((tmp_path / "cluster.json").read_text())
         assert data["servers"]["s1"] == {"address": "127.0.0.1:7601", "metrics_address": "127.0.0.1:9601"}
         assert data["servers"]["s3"] == {"address": "127.0.0.1:7603", "metrics_address": "127.0.0.1:9603"}
+        uids = [queue.pop("uid") for queue in data["queues"]]
         assert data["queues"] == [
             {"name": "orders", "spec": {"shards": "4", "replicas": "3", "visibility": "5s"}},
             {"name": "audit", "spec": {}},
         ]
+        # Each queue's creation is named, so a server never takes a namesake's data as its.
+        assert all(re.fullmatch(r"[0-9a-f]{32}", uid) for uid in uids)
+        assert len(set(uids)) == 2
         assert data["lease_duration_ms"] == DURATION_MS
         assert [len(replicas) for replicas in data["placement"]["orders"]] == [3, 3, 3, 3]
         assert data["placement"]["audit"] == [["s1"]]

@@ -190,3 +190,19 @@ def test_a_deleted_queue_waits_for_every_server_not_only_the_ready_ones() -> Non
         "c1-shardq-2": "it is not ready",
         "c1-shardq-3": "it has no pod",
     }
+
+
+def test_the_map_names_each_queue_by_its_resources_uid_from_the_first_reconcile_that_knows_it() -> None:
+    before_uids = plan({"orders": {"shards": 2}}).cluster_map
+    assert [q.uid for q in before_uids.queues] == [""]
+    named = desired_map(
+        cluster="main",
+        namespace="shop",
+        servers=3,
+        lease_duration_ms=10_000,
+        queues={"orders": {"shards": 2}},
+        uids={"orders": "3f1c-uid"},
+        current=before_uids,
+    ).cluster_map
+    assert [q.uid for q in named.queues] == ["3f1c-uid"]
+    assert named.placement == before_uids.placement

@@ -45,6 +45,7 @@ from shardq.coordination.fencing import (
     build_isr_change,
     build_renewal,
     build_takeover,
+    for_another_creation,
     incarnations_of,
     isr_of,
     safe_serving_deadline_ms,
@@ -91,6 +92,10 @@ class ReplicatedQueue(Protocol):
 
     @property
     def config(self) -> QueueConfig: ...
+
+    @property
+    def uid(self) -> str:
+        """Which creation of the queue this is ("" when the map does not say)."""
 
     def wake(self) -> None:
         """Wake the queue's long polls (a new leader may have messages to hand out)."""
@@ -318,6 +323,12 @@ class ShardReplica:
             self.server_id in isr_of(lease)
             and incarnations_of(lease).get(self.server_id, self.incarnation) == self.incarnation
         )
+        if for_another_creation(lease, self.shard.queue.uid):
+            # The queue was deleted and made again under its name, and the map saying so
+            # has not reached this server yet: its replica goes at the next map read.
+            if self.role is Role.LEADER:
+                await self.step_down("the lease is for another creation of the queue")
+            return
         if self.role is Role.LEADER:
             if not mine or lease.transitions != self.shard.epoch:
                 await self.step_down(f"lease now held by {lease.holder or 'nobody'} at epoch {lease.transitions}")
@@ -615,6 +626,10 @@ class ShardReplica:
         # Only the lease's holder at that epoch may append: a forged or replayed
         # request naming another leader is refused.
         lease = await asyncio.to_thread(self.leases.get, self.name)
+        if lease is not None and for_another_creation(lease, self.shard.queue.uid):
+            return replication_pb2.AppendResponse(
+                outcome=replication_pb2.APPEND_OUTCOME_REFUSED, detail="the lease is for another creation of the queue"
+            )
         named = lease is not None and lease.transitions == request.epoch and lease.holder == request.leader_id
         if lease is not None and lease.transitions == request.epoch and not named:
             return replication_pb2.AppendResponse(
