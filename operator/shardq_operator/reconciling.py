@@ -105,6 +105,33 @@ class Tick:
     moves: MovePlan | None = None
 
 
+def missing_dead_letter_queue(cluster_map: ClusterMap, queue: str) -> str:
+    """Why `queue`'s dead letters have nowhere to go ("" when they do): its spec names a
+    dead-letter queue that is not a Queue of the cluster (a typo, or not made yet)."""
+    entry = next((q for q in cluster_map.queues if q.name == queue), None)
+    config = entry.config if entry is not None else None
+    if config is None or not config.dead_letter_queue or config.dead_letter_queue in cluster_map.placement:
+        return ""
+    return (
+        f"its dead-letter queue {config.dead_letter_queue!r} is not a Queue of this cluster: messages received "
+        f"{config.max_receive_count} times are no longer delivered, and wait here until it is made"
+    )
+
+
+def _degraded(previous: list[Mapping[str, Any]], problem: str, placed: bool, dead_letters_stuck: str) -> dict[str, Any]:
+    """The Queue's Degraded condition: a spec change the servers cannot apply (on a queue
+    that runs; one never placed is Invalid in Ready), and dead letters with nowhere to go."""
+    problems = [text for text in (problem, dead_letters_stuck) if text]
+    if problem:
+        reason = "SpecNotApplied"
+    elif dead_letters_stuck:
+        reason = "DeadLetterQueueMissing"
+    else:
+        reason = "AsSpecified"
+    degraded = bool(problem and placed) or bool(dead_letters_stuck)
+    return condition(previous, "Degraded", degraded, reason, "; ".join(problems) or "the queue runs as specified")
+
+
 class Reconciler:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
@@ -614,13 +641,7 @@ class Reconciler:
                     "ReplicasCatchingUp" if short else "AllReplicasInSync",
                     f"shards with a replica out of sync: {', '.join(short)}" if short else "every replica in sync",
                 ),
-                condition(
-                    previous,
-                    "Degraded",
-                    bool(problem) and placed,
-                    "SpecNotApplied" if problem else "AsSpecified",
-                    problem or "the queue runs as specified",
-                ),
+                _degraded(previous, problem, placed, missing_dead_letter_queue(cluster_map, queue_name)),
             ]
             self._status(
                 "queues",
