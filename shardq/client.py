@@ -14,10 +14,9 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from shardq import event_loops
+from shardq import client_loops
 from shardq.aio import DEFAULT_ENDPOINT, AsyncClient
 from shardq.consumer import ConsumerStats, run_consumer
-from shardq.grpc_loop_noise import ignore_grpc_poller_noise
 from shardq.types import EntryResult, Message, QueueAttributes, ReceivedMessage, RedriveProgress, SendResult, ShardRoute
 
 T = TypeVar("T")
@@ -29,11 +28,11 @@ class Client:
         reach the leaders' addresses): the endpoint forwards every call."""
         self.endpoint = endpoint
         # uvloop when installed (SHARDQ_EVENT_LOOP=asyncio for the standard loop): a call
-        # costs about a third less client CPU and latency on it.
-        self._loop = event_loops.loop_factory(event_loops.from_environment())()
-        ignore_grpc_poller_noise(self._loop)
-        self._thread = threading.Thread(target=self._loop.run_forever, name="shardq-client", daemon=True)
-        self._thread.start()
+        # costs about a third less client CPU and latency on it. A closed Client's loop
+        # thread serves the next one (client_loops says why).
+        self._loop_thread = client_loops.take()
+        self._loop = self._loop_thread.loop
+        self._closed = False
         self._async = self._run(self._create(endpoint, route_directly))
 
     @staticmethod
@@ -41,7 +40,7 @@ class Client:
         return AsyncClient(endpoint, route_directly=route_directly)
 
     def _run(self, awaitable: Awaitable[T]) -> T:
-        if self._loop.is_closed():
+        if self._closed:
             if inspect.iscoroutine(awaitable):
                 awaitable.close()  # never to run: no "was never awaited" warning for it
             raise RuntimeError("this Client is closed: make a new one")
@@ -67,24 +66,24 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        if not self._loop.is_running():
+        if self._closed:
             return
-        self._run(self._shutdown())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+        try:
+            self._run(self._shutdown())
+        finally:
+            self._closed = True
+        client_loops.give_back(self._loop_thread)
 
     async def _shutdown(self) -> None:
         """Close the client, then finish every task still on the loop (gRPC's own
-        stream pumps included, left pending when a server died): a loop closed
-        under pending tasks prints "Task was destroyed but it is pending!"."""
+        stream pumps included, left pending when a server died), so the next Client
+        given this loop finds nothing of this one's on it."""
         await self._async.close()
         current = asyncio.current_task()
         leftovers = [task for task in asyncio.all_tasks() if task is not current]
         for task in leftovers:
             task.cancel()
         await asyncio.gather(*leftovers, return_exceptions=True)
-        await asyncio.get_running_loop().shutdown_asyncgens()
 
     def send_messages(self, queue: str, messages: Sequence[Message]) -> list[SendResult]:
         return self._run(self._async.send_messages(queue, messages))
