@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -59,6 +60,64 @@ def observe_servers(server_ids: Iterable[str], pods: Iterable[Mapping[str, Any]]
         else ServerObservation(name=server_id, running=False, started_at_ms=0)
         for server_id in server_ids
     }
+
+
+# Container waiting reasons that do not pass by themselves: someone must act.
+_FAILING = {
+    "CrashLoopBackOff",
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "ErrImageNeverPull",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class NotReady:
+    """Why a server is not ready, as its pod says: `kind` is "unschedulable" (no node will
+    take the pod: an unbound volume, too little room), "failing" (its container cannot
+    start or keeps exiting) or "starting" (it is on its way)."""
+
+    kind: str
+    detail: str
+
+
+def why_not_ready(pod: Mapping[str, Any] | None) -> NotReady | None:
+    """What keeps a server's pod from ready (None when it is ready). The cluster's status
+    shows it: a pod stuck on an unbound volume read "servers starting" for good."""
+    if pod is None:
+        return NotReady("starting", "no pod yet")
+    if observe_pod(pod).ready:
+        return None
+    metadata, status = pod.get("metadata", {}), pod.get("status", {})
+    if metadata.get("deletionTimestamp"):
+        return NotReady("starting", "its pod is being deleted")
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            why = condition.get("message") or condition.get("reason") or "no reason given"
+            return NotReady("unschedulable", f"not scheduled: {why}")
+    if not pod.get("spec", {}).get("nodeName"):
+        return NotReady("starting", "not scheduled yet")
+    statuses = [s for s in status.get("containerStatuses") or [] if s.get("name") == "server"]
+    state = (statuses[0].get("state") or {}) if statuses else {}
+    waiting = state.get("waiting")
+    if waiting:
+        reason = waiting.get("reason") or "waiting"
+        text = f"{reason}: {waiting['message']}" if waiting.get("message") else reason
+        last = ((statuses[0].get("lastState") or {}).get("terminated")) or {}
+        if last:
+            text += f" (last exit code {last.get('exitCode')}{', ' + last['reason'] if last.get('reason') else ''})"
+        return NotReady("failing" if reason in _FAILING else "starting", text)
+    if status.get("phase") in ("Failed", "Succeeded"):
+        return NotReady("failing", f"its pod {status['phase'].lower()}")
+    if state.get("running"):
+        return NotReady("starting", "running, not ready yet (starting, or its replicas catching up)")
+    if not statuses:
+        return NotReady("starting", "scheduled, its container not created yet")
+    return NotReady("starting", "not ready yet")
 
 
 def pod_address(pod: Mapping[str, Any], port: int) -> str | None:

@@ -38,7 +38,7 @@ from shardq.durations import parse_duration_ms
 from shardq_operator import builders, metrics, naming
 from shardq_operator.kube import ApplyRefused, Kube, Manifest
 from shardq_operator.mapping import DesiredMap, desired_map, servers_needed, with_servers
-from shardq_operator.observing import observe_servers, pod_address
+from shardq_operator.observing import NotReady, observe_servers, pod_address, why_not_ready
 from shardq_operator.server_reads import ServerReads
 from shardq_operator.statuses import LeaderReport
 
@@ -103,6 +103,27 @@ class Tick:
     takeovers: list[Takeover] = dataclasses.field(default_factory=list)
     problems: dict[str, str] = dataclasses.field(default_factory=dict)
     moves: MovePlan | None = None
+
+
+# How many servers not ready the Ready condition names (the rest are counted).
+NAMED_NOT_READY = 3
+
+
+def _servers_ready(
+    previous: list[Mapping[str, Any]], *, ready_count: int, total: int, troubles: Mapping[str, NotReady]
+) -> dict[str, Any]:
+    """The cluster's Ready condition: how many servers are ready and, for those that are
+    not, why, the ones that will not get there by themselves first (an unbound volume,
+    a crash loop, an image that cannot be pulled)."""
+    if not troubles:
+        return condition(previous, "Ready", True, "AllServersReady", f"{ready_count} of {total} servers ready")
+    order = {"unschedulable": 0, "failing": 1, "starting": 2}
+    named = sorted(troubles.items(), key=lambda item: (order.get(item[1].kind, 3), item[0]))
+    kind = named[0][1].kind
+    reason = {"unschedulable": "ServersUnschedulable", "failing": "ServersFailing"}.get(kind, "ServersStarting")
+    details = "; ".join(f"{server}: {why.detail}" for server, why in named[:NAMED_NOT_READY])
+    more = f" (and {len(named) - NAMED_NOT_READY} more)" if len(named) > NAMED_NOT_READY else ""
+    return condition(previous, "Ready", False, reason, f"{ready_count} of {total} servers ready; {details}{more}")
 
 
 def missing_dead_letter_queue(cluster_map: ClusterMap, queue: str) -> str:
@@ -330,7 +351,9 @@ class Reconciler:
             self._event_on_queue(live, decision.lease, reason="Failover", message=message)
         if not tick.takeovers:
             self._rebalance(owner, live, cluster_map, servers, held, tick, replicas_settled=moves.settled)
-        self._write_statuses(owner, live, cluster_map, desired, moves, spec_servers, servers, held, now)
+        by_name = {pod.get("metadata", {}).get("name", ""): pod for pod in pods}
+        troubles = {server: why for server in servers if (why := why_not_ready(by_name.get(server)))}
+        self._write_statuses(owner, live, cluster_map, desired, moves, spec_servers, servers, troubles, held, now)
         return tick
 
     def _say_why_shards_wait(
@@ -542,6 +565,7 @@ class Reconciler:
         moves: MovePlan,
         spec_servers: int,
         servers: Mapping[str, ServerObservation],
+        troubles: Mapping[str, NotReady],
         held: Mapping[str, LeaseRecord],
         now: int,
     ) -> None:
@@ -560,7 +584,6 @@ class Reconciler:
                 leads[lease.holder] += 1
                 led_load[lease.holder] += reports[shard].load if shard in reports else 0.0
         previous = owner.get("status", {}).get("conditions", [])
-        all_ready = len(ready) == len(servers)
         moving = [f"{shard}: {why}" for shard, why in sorted(moves.waiting.items())]
         scaling = (
             f"scaling in to {spec_servers} servers: moving replicas off {', '.join(moves.draining)} first"
@@ -571,13 +594,7 @@ class Reconciler:
         if scaling and stuck:  # why it does not finish, not only that it goes on
             scaling += f"; {'; '.join(stuck[:3])}" + (f" (and {len(stuck) - 3} more)" if len(stuck) > 3 else "")
         conditions = [
-            condition(
-                previous,
-                "Ready",
-                all_ready,
-                "AllServersReady" if all_ready else "ServersStarting",
-                f"{len(ready)} of {len(servers)} servers ready",
-            ),
+            _servers_ready(previous, ready_count=len(ready), total=len(servers), troubles=troubles),
             condition(
                 previous,
                 "Progressing",

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from shardq_operator import builders, naming
 from shardq_operator.mapping import desired_map, servers_needed
-from shardq_operator.observing import observe_pod, observe_servers, servers_to_ask
+from shardq_operator.observing import NotReady, observe_pod, observe_servers, servers_to_ask, why_not_ready
 
 from shardq.coordination.cluster_map import CLUSTER_MAP_KEY, cluster_map_from_text
 
@@ -126,6 +126,7 @@ def pod(name: str, *, running: bool = True, ready: bool = True, deleting: bool =
     state = {"running": {"startedAt": "2026-11-23T10:00:00Z"}} if running else {"waiting": {"reason": "x"}}
     return {
         "metadata": metadata,
+        "spec": {"nodeName": "node-1"},
         "status": {
             "phase": "Running" if running else "Pending",
             "podIP": "198.18.0.7",
@@ -206,3 +207,51 @@ def test_the_map_names_each_queue_by_its_resources_uid_from_the_first_reconcile_
     ).cluster_map
     assert [q.uid for q in named.queues] == ["3f1c-uid"]
     assert named.placement == before_uids.placement
+
+
+def test_a_server_not_ready_is_named_with_what_its_pod_says() -> None:
+    unbound = {
+        "metadata": {"name": "main-shardq-1"},
+        "spec": {},
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/1 nodes are available: pod has unbound immediate PersistentVolumeClaims.",
+                }
+            ],
+        },
+    }
+    crashing = pod("main-shardq-2", running=False, ready=False)
+    crashing["status"]["containerStatuses"][0] = {
+        "name": "server",
+        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}},
+        "lastState": {"terminated": {"exitCode": 2, "reason": "Error"}},
+    }
+    unpulled = pod("main-shardq-3", running=False, ready=False)
+    unpulled["status"]["containerStatuses"][0]["state"] = {
+        "waiting": {"reason": "ErrImageNeverPull", "message": 'image "localhost/shardq:x" is not present'}
+    }
+    creating = pod("main-shardq-4", running=False, ready=False)
+    creating["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ContainerCreating"}}
+    unplaced = {"metadata": {"name": "main-shardq-5"}, "spec": {}, "status": {"phase": "Pending"}}
+
+    assert why_not_ready(pod("main-shardq-0")) is None
+    assert why_not_ready(unbound) == NotReady(
+        "unschedulable", "not scheduled: 0/1 nodes are available: pod has unbound immediate PersistentVolumeClaims."
+    )
+    assert why_not_ready(crashing) == NotReady(
+        "failing", "CrashLoopBackOff: back-off 40s restarting failed container (last exit code 2, Error)"
+    )
+    assert why_not_ready(unpulled) == NotReady(
+        "failing", 'ErrImageNeverPull: image "localhost/shardq:x" is not present'
+    )
+    assert why_not_ready(creating) == NotReady("starting", "ContainerCreating")
+    assert why_not_ready(unplaced) == NotReady("starting", "not scheduled yet")
+    assert why_not_ready(pod("main-shardq-6", ready=False)) == NotReady(
+        "starting", "running, not ready yet (starting, or its replicas catching up)"
+    )
+    assert why_not_ready(None) == NotReady("starting", "no pod yet")
