@@ -27,6 +27,7 @@ from shardq.consumer_streams import ConsumerStream
 from shardq.converting import message_to_proto, received_from_proto, send_results_from_proto, settings_from_proto
 from shardq.durations import MAX_DURATION_MS
 from shardq.errors import InvalidArgument, NotLeader, QueueFull, Unavailable
+from shardq.giving_back import give_back_now
 from shardq.queues import MAX_RECEIVE_BATCH, MAX_RECEIVE_SHARES
 from shardq.receipts import MalformedReceipt, decode_receipt
 from shardq.receive_shares import split_shares
@@ -845,9 +846,6 @@ class AsyncClient:
         the messages received and never taken (visible again at once), unless
         `stream.close()` already handed them to the caller.
         """
-        # run_consumer's give-back, for one copy of it; imported here, as shardq.consumer imports this module.
-        from shardq.consumer import give_back_now
-
         return ConsumerStream(
             self._stub,
             queue,

@@ -20,11 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 from shardq.aio import AsyncClient
 from shardq.consumer_streams import ConsumerStream
 from shardq.errors import ShardqError
+from shardq.giving_back import change_visibility_in_chunks, give_back_now
 from shardq.types import EntryResult, ReceivedMessage
 
 log = logging.getLogger(__name__)
-# The server's limits on receipts in one call, and on a release's reason.
-MAX_RECEIPTS_PER_CALL = 1_000
+# The server's limit on a release's reason.
 MAX_RELEASE_REASON_CHARS = 1_024
 # run_consumer's default prefetch: this many messages per worker, as much as one receive
 # takes, so that a worker holds no more claims than one receiving ten at a time would. With
@@ -77,29 +77,14 @@ async def _keep_waiting_claims(
         waiting = stream.waiting()
         extended = {m.receipt: extended[m.receipt] for m in waiting if m.receipt in extended}
         due = [m.receipt for m in waiting if now - extended.get(m.receipt, _claimed_at_s(m, visibility_ms)) >= period]
-        for receipt, result in await _change_visibility(client, queue, due, visibility_ms, "extend the claims of"):
+        for receipt, result in await change_visibility_in_chunks(
+            client, queue, due, visibility_ms, "extend the claims of"
+        ):
             if result.ok:
                 extended[receipt] = now
                 stats.heartbeats += 1
             else:  # taken and deleted meanwhile, most likely
                 log.debug("a prefetched message's claim was not extended: %s", result.reason)
-
-
-async def _change_visibility(
-    client: AsyncClient, queue: str, receipts: list[str], visibility_ms: int, what: str
-) -> list[tuple[str, EntryResult]]:
-    """Set the visibility of prefetched messages, in calls of at most the server's limit;
-    the results of the calls that were answered (a failed call is logged, as `what`)."""
-    answered: list[tuple[str, EntryResult]] = []
-    for start in range(0, len(receipts), MAX_RECEIPTS_PER_CALL):
-        chunk = receipts[start : start + MAX_RECEIPTS_PER_CALL]
-        try:
-            results = await client.change_visibility(queue, [(receipt, visibility_ms) for receipt in chunk])
-        except ShardqError as error:
-            log.warning("could not %s %d prefetched messages: %s", what, len(chunk), error)
-            continue
-        answered += zip(chunk, results, strict=True)
-    return answered
 
 
 def _heartbeat_period_s(visibility_ms: int) -> float:
@@ -376,14 +361,3 @@ def _stop_beating(timer: asyncio.TimerHandle | None, beat: asyncio.Task[None] | 
         timer.cancel()
     if beat is not None:
         beat.cancel()
-
-
-async def give_back_now(client: AsyncClient, queue: str, messages: list[ReceivedMessage]) -> None:
-    """Make claimed messages nobody will handle visible again now (visibility 0): those
-    run_consumer prefetched and never started, and those a consumer stream left untaken."""
-    receipts = [message.receipt for message in messages]
-    # A failed call leaves its messages visible again after their timeout.
-    results = await _change_visibility(client, queue, receipts, 0, "give back")
-    refused = sum(1 for _, result in results if not result.ok)
-    if refused:
-        log.warning("%d prefetched messages could not be given back: visible again after their timeout", refused)

@@ -244,13 +244,18 @@ class HostedQueue:
             leader = self.router.address_of(self.router.leader_of(self.config.name, index)[0])
         return NotLeader(f"queue {self.config.name!r} shard {index} is not led by this server", leader=leader)
 
-    def _leader_elsewhere(self, index: int) -> str:
+    def _route_elsewhere(self, index: int) -> str:
         """The server the routes name as shard `index`'s leader, for a call to forward there;
-        NOT_LEADER when they name none (for a moment after a lease was given up) or this
-        server (whose leadership has not begun, or has ended): there is nobody to forward to."""
+        "" when they name none (for a moment after a lease was given up) or this server
+        (whose leadership has not begun, or has ended): there is nobody to forward to."""
         assert self.router is not None
         leader = self.router.leader_of(self.config.name, index)[0]
-        if not leader or leader == self.router.server_id:
+        return "" if leader == self.router.server_id else leader
+
+    def _leader_elsewhere(self, index: int) -> str:
+        """`_route_elsewhere`, or NOT_LEADER when there is nobody to forward to."""
+        leader = self._route_elsewhere(index)
+        if not leader:
             raise self.not_leader(index)
         return leader
 
@@ -717,8 +722,8 @@ class HostedQueue:
                     if shard is not None:  # leadership came here meanwhile
                         finish_locally(shard, items, await shard.committer.enqueue(act_locally(items)))
                         return
-                    leader = self.router.leader_of(self.config.name, index)[0]
-                    if leader and leader != self.router.server_id:
+                    leader = self._route_elsewhere(index)
+                    if leader:
                         unreached = False
                         try:
                             outcomes = await forward(leader, [position for position, _ in items])
