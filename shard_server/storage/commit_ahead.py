@@ -25,6 +25,9 @@ import os
 import pathlib
 import struct
 import zlib
+from typing import BinaryIO
+
+from shard_server.storage.durable_files import replace_durably
 
 FILE_NAME = "commit-ahead"
 SLOTS = 2
@@ -90,15 +93,8 @@ def _incarnation_bytes(incarnation: str) -> bytes:
 
 
 def _create_zeroed(path: pathlib.Path) -> None:
-    partial = path.with_name(path.name + ".partial")
-    with partial.open("wb") as out:
+    def zeroes(out: BinaryIO) -> None:
         for _ in range(SLOTS):
             out.write(_ZEROS)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(partial, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+
+    replace_durably(path, zeroes)

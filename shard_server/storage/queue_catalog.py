@@ -9,9 +9,10 @@ Written atomically: a crash leaves the old file or the new one, never half.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 from collections.abc import Mapping
+
+from shard_server.storage.durable_files import replace_durably
 
 CATALOG_FILE = "queues.json"
 
@@ -32,15 +33,5 @@ class QueueCatalog:
 
     def save(self, queues: Mapping[str, Mapping[str, str]]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.path.with_suffix(".json.partial")
-        with partial.open("w") as out:
-            json.dump({"queues": {name: dict(settings) for name, settings in sorted(queues.items())}}, out, indent=2)
-            out.write("\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(partial, self.path)
-        directory = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        text = json.dumps({"queues": {name: dict(settings) for name, settings in sorted(queues.items())}}, indent=2)
+        replace_durably(self.path, lambda out: out.write(text.encode() + b"\n"))

@@ -13,9 +13,10 @@ taken as the named creation's.
 from __future__ import annotations
 
 import logging
-import os
 import pathlib
 import shutil
+
+from shard_server.storage.durable_files import replace_durably
 
 log = logging.getLogger(__name__)
 
@@ -58,19 +59,5 @@ def claim_queue_directory(directory: pathlib.Path, uid: str) -> str:
             uid,
         )
     directory.mkdir(parents=True, exist_ok=True)
-    _write_durably(directory / UID_FILE, uid + "\n")
+    replace_durably(directory / UID_FILE, lambda out: out.write(uid.encode() + b"\n"))
     return held
-
-
-def _write_durably(path: pathlib.Path, text: str) -> None:
-    scratch = path.with_name(f".{path.name}.tmp")
-    with scratch.open("w") as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(scratch, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
