@@ -76,3 +76,10 @@ def release_finalizers(api: client.ApiClient, namespace: str) -> int:
                 if error.status != 404:
                     raise
     return released
+
+
+def status_condition(api: client.ApiClient, namespace: str, plural: str, name: str, kind: str) -> dict[str, Any]:
+    """The condition of type `kind` in a shardq object's status (exactly one)."""
+    found = client.CustomObjectsApi(api).get_namespaced_custom_object("shardq.io", "v1alpha1", namespace, plural, name)
+    (condition,) = [c for c in found["status"]["conditions"] if c["type"] == kind]
+    return dict(condition)

@@ -15,13 +15,9 @@ from shardq_operator import naming
 from shardq_operator.kube import Kube
 from shardq_operator.reconciling import Reconciler
 
+from e2e.crds import status_condition
+
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(120)]
-
-
-def degraded(custom: client.CustomObjectsApi, namespace: str, queue: str) -> dict[str, Any]:
-    status = custom.get_namespaced_custom_object(naming.GROUP, naming.VERSION, namespace, "queues", queue)["status"]
-    (found,) = [c for c in status["conditions"] if c["type"] == "Degraded"]
-    return found
 
 
 def test_a_queue_whose_dead_letter_queue_is_missing_is_degraded_until_it_is_made(
@@ -43,10 +39,10 @@ def test_a_queue_whose_dead_letter_queue_is_missing_is_degraded_until_it_is_made
     reconciler = Reconciler(Kube(api_client))
     try:
         reconciler.reconcile(namespace, "main")
-        missing = degraded(custom, namespace, "jobs")
+        missing = status_condition(api_client, namespace, "queues", "jobs", "Degraded")
         create("queues", "Queue", "job-dlq", {"cluster": "main"})
         reconciler.reconcile(namespace, "main")
-        made = degraded(custom, namespace, "jobs")
+        made = status_condition(api_client, namespace, "queues", "jobs", "Degraded")
     finally:
         reconciler.server_reads.stop()
 

@@ -9,25 +9,17 @@ in-process."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from kubernetes import client
 from shardq_operator import naming
 from shardq_operator.kube import Kube
 from shardq_operator.reconciling import Reconciler
 
+from e2e.crds import status_condition
+
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(120)]
 
 UNBOUND = "0/1 nodes are available: pod has unbound immediate PersistentVolumeClaims."
-
-
-def ready_condition(custom: client.CustomObjectsApi, namespace: str) -> dict[str, Any]:
-    status = custom.get_namespaced_custom_object(naming.GROUP, naming.VERSION, namespace, "shardqclusters", "main")[
-        "status"
-    ]
-    (found,) = [c for c in status["conditions"] if c["type"] == "Ready"]
-    return found
 
 
 def test_the_cluster_names_the_servers_not_ready_and_why(
@@ -59,7 +51,7 @@ def test_the_cluster_names_the_servers_not_ready_and_why(
     reconciler = Reconciler(Kube(api_client))
     try:
         reconciler.reconcile(namespace, "main")
-        ready = ready_condition(custom, namespace)
+        ready = status_condition(api_client, namespace, "shardqclusters", "main", "Ready")
     finally:
         reconciler.server_reads.stop()
 
