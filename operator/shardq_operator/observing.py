@@ -120,6 +120,12 @@ def why_not_ready(pod: Mapping[str, Any] | None) -> NotReady | None:
     return NotReady("starting", "not ready yet")
 
 
+def servers_not_ready(server_ids: Iterable[str], pods: Iterable[Mapping[str, Any]]) -> dict[str, NotReady]:
+    """Every server of the map that is not ready, with why (`why_not_ready`)."""
+    by_name = {pod.get("metadata", {}).get("name", ""): pod for pod in pods}
+    return {server_id: why for server_id in server_ids if (why := why_not_ready(by_name.get(server_id)))}
+
+
 def pod_address(pod: Mapping[str, Any], port: int) -> str | None:
     """Where the operator reaches a pod's server (its IP: the operator may run outside the
     cluster's DNS), or None before it has one."""

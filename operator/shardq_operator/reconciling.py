@@ -38,7 +38,7 @@ from shardq.durations import parse_duration_ms
 from shardq_operator import builders, metrics, naming
 from shardq_operator.kube import ApplyRefused, Kube, Manifest
 from shardq_operator.mapping import DesiredMap, desired_map, servers_needed, with_servers
-from shardq_operator.observing import NotReady, observe_servers, pod_address, why_not_ready
+from shardq_operator.observing import NotReady, observe_servers, pod_address, servers_not_ready
 from shardq_operator.server_reads import ServerReads
 from shardq_operator.statuses import LeaderReport
 
@@ -351,8 +351,7 @@ class Reconciler:
             self._event_on_queue(live, decision.lease, reason="Failover", message=message)
         if not tick.takeovers:
             self._rebalance(owner, live, cluster_map, servers, held, tick, replicas_settled=moves.settled)
-        by_name = {pod.get("metadata", {}).get("name", ""): pod for pod in pods}
-        troubles = {server: why for server in servers if (why := why_not_ready(by_name.get(server)))}
+        troubles = servers_not_ready(servers, pods)
         self._write_statuses(owner, live, cluster_map, desired, moves, spec_servers, servers, troubles, held, now)
         return tick
 

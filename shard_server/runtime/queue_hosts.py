@@ -49,7 +49,6 @@ class QueueHost:
         self.queues: dict[str, HostedQueue] = {}
         self.map_size = map_size
         self.writers = WriterThreads(writer_threads, commit_ahead=commit_ahead)
-        uids = {} if cluster is None else {entry.name: entry.uid for entry in cluster.queues}
         for config in configs:
             if config.name in self.queues:
                 raise ValueError(f"queue {config.name!r} is configured twice")
@@ -63,7 +62,7 @@ class QueueHost:
                 writers=self.writers,
                 local_shards=local,
                 router=router,
-                uid=uids.get(config.name, ""),
+                uid="" if cluster is None else cluster.queue_uid(config.name),
             )
         for queue in self.queues.values():
             dead_letter_queue = queue.config.dead_letter_queue
@@ -80,7 +79,6 @@ class QueueHost:
         if config.name in self.queues:
             raise ValueError(f"queue {config.name!r} is hosted already")
         local = None if self.cluster is None else self.cluster.shards_on(self.server_id, config.name)
-        uids = {} if self.cluster is None else {entry.name: entry.uid for entry in self.cluster.queues}
         queue = HostedQueue(
             config,
             self.data_dir / "queues" / config.name,
@@ -88,7 +86,7 @@ class QueueHost:
             writers=self.writers,
             local_shards=local,
             router=self.router,
-            uid=uids.get(config.name, ""),
+            uid="" if self.cluster is None else self.cluster.queue_uid(config.name),
         )
         self.queues[config.name] = queue
         return queue

@@ -309,10 +309,9 @@ def new_shards(old: ClusterMap | None, new: ClusterMap) -> list[ShardId]:
     `old` did not have, and those of a queue made again under its name since."""
     if old is None:
         return new.shards()
-    before = {queue.name: queue for queue in old.queues}
-    renewed = {queue.name for queue in new.queues if queue.name in before and recreated(before[queue.name], queue)}
+    added = {queue.name for queue in change_between(old, new).added}
     known = set(old.shards())
-    return [shard for shard in new.shards() if shard not in known or shard.queue in renewed]
+    return [shard for shard in new.shards() if shard not in known or shard.queue in added]
 
 
 def change_between(old: ClusterMap, new: ClusterMap) -> MapChange:
