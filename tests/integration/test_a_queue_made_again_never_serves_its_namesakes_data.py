@@ -22,6 +22,7 @@ import pytest
 from shard_server.runtime.map_following import ClusterMapFile
 from shard_server.storage.queue_directories import held_uid
 from shardq import Client, Message, ShardqError
+from shardq.coordination.cluster_map import write_cluster_map
 from shardq.coordination.fencing import build_takeover, incarnations_of, is_expired
 from shardq.coordination.leases import LeaseRecord
 from tests.support.clusters import LEASE_MS, Cluster, running
@@ -108,3 +109,28 @@ def test_running_servers_drop_a_namesakes_data_when_the_map_names_another_creati
         with Client(cluster.endpoint("s1")) as client:
             got = client.receive_messages("orders", max_messages=10, wait_time_ms=1000)
         assert sorted(m.body for m in got) == fresh
+
+
+@pytest.mark.timeout(120)
+def test_servers_record_a_uid_the_map_names_for_the_first_time(tmp_path: pathlib.Path) -> None:
+    """A map written before uids names one later (the operator upgraded): running servers
+    record it beside the data they hold, which stays, so that a namesake made after a
+    deletion they miss is told apart even if they never restart."""
+    cluster = Cluster(tmp_path, placement=PAIR)
+    with started(cluster):
+        kept = [f"kept-{i}".encode() for i in range(3)]
+        send_all(cluster, kept)
+        assert held_uid(tmp_path / "s1" / "queues" / "orders") == ""
+        named = dataclasses.replace(
+            cluster.cluster_map, queues=[dataclasses.replace(cluster.cluster_map.queues[0], uid="creation-1")]
+        )
+        write_cluster_map(cluster.cluster_file, named)
+        for server in PAIR[0]:
+            wait_for(
+                lambda server=server: held_uid(tmp_path / server / "queues" / "orders") == "creation-1" or None,
+                timeout=15,
+                what=f"{server} to record the uid",
+            )
+        with Client(cluster.endpoint("s1")) as client:
+            got = client.receive_messages("orders", max_messages=10, wait_time_ms=1000)
+        assert sorted(m.body for m in got) == kept
