@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Sequence
 from typing import Protocol
 
@@ -31,6 +32,12 @@ log = logging.getLogger(__name__)
 FORWARDED_HEADER = "shardq-forwarded"
 FORWARDED = ((FORWARDED_HEADER, "1"),)
 ROUTE_REFRESH_S = 0.2
+# A short poll of another leader, asked because this server's own shards were empty,
+# answers in milliseconds when that leader runs. A hung one (a frozen pod, a cut
+# network) is given up on after this, and skipped by the next such polls for
+# UNANSWERED_LEADER_SKIPPED_S: each hung leader once cost every receive 10 s, in turn.
+REMOTE_SHORT_POLL_S = 2.0
+UNANSWERED_LEADER_SKIPPED_S = 5.0
 # Peers restart and fail over within seconds: reconnect quickly rather than
 # with gRPC's default backoff, which grows to two minutes.
 PEER_CHANNEL_OPTIONS = [
@@ -58,6 +65,21 @@ class Router:
         # (queue, shard) -> (leader server id, epoch)
         self.routes: dict[tuple[str, int], tuple[str, int]] = {}
         self.calls = LeaderCalls(self)
+        # Leaders whose short poll went unanswered, and until when (monotonic) they are skipped.
+        self._unanswered_until: dict[str, float] = {}
+
+    def note_unanswered(self, leader: str) -> None:
+        self._unanswered_until[leader] = time.monotonic() + UNANSWERED_LEADER_SKIPPED_S
+
+    def note_answered(self, leader: str) -> None:
+        self._unanswered_until.pop(leader, None)
+
+    def answering(self, leaders: Sequence[str]) -> list[str]:
+        """`leaders` without those skipped for not answering a short poll lately: for the
+        calls that only look for work elsewhere. Calls whose answer must be whole (counts
+        for a redrive, a purge) and calls for one shard still ask every leader."""
+        now = time.monotonic()
+        return [leader for leader in leaders if self._unanswered_until.get(leader, 0.0) <= now]
 
     def leader_of(self, queue: str, shard: int) -> tuple[str, int]:
         return self.routes.get((queue, shard), ("", 0))
@@ -172,12 +194,8 @@ class LeaderCalls:
         )
         if shard is not None:
             request.shard = shard
-        try:
-            response = await self._stub(leader).ReceiveMessages(
-                request, metadata=FORWARDED, timeout=wait_ms / 1000 + 10
-            )
-        except grpc.RpcError as error:
-            raise error_from_rpc(error, queue=queue) from None
+        timeout = wait_ms / 1000 + 10 if wait_ms else REMOTE_SHORT_POLL_S
+        response = await self._receive(leader, queue, request, timeout=timeout)
         return list(response.messages)
 
     async def receive_shares(
@@ -189,11 +207,20 @@ class LeaderCalls:
         )
         if shard is not None:
             request.shard = shard
-        try:
-            response = await self._stub(leader).ReceiveMessages(request, metadata=FORWARDED, timeout=10)
-        except grpc.RpcError as error:
-            raise error_from_rpc(error, queue=queue) from None
+        response = await self._receive(leader, queue, request, timeout=REMOTE_SHORT_POLL_S)
         return split_shares(response, response.messages, len(shares))
+
+    async def _receive(
+        self, leader: str, queue: str, request: queue_pb2.ReceiveMessagesRequest, *, timeout: float
+    ) -> queue_pb2.ReceiveMessagesResponse:
+        try:
+            response = await self._stub(leader).ReceiveMessages(request, metadata=FORWARDED, timeout=timeout)
+        except grpc.RpcError as error:
+            if error.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                self._router.note_unanswered(leader)
+            raise error_from_rpc(error, queue=queue) from None
+        self._router.note_answered(leader)
+        return response
 
     async def delete_messages(self, leader: str, queue: str, receipts: Sequence[str]) -> list[Reason | None]:
         request = queue_pb2.DeleteMessagesRequest(queue=queue, receipts=receipts)

@@ -259,6 +259,11 @@ class HostedQueue:
             raise self.not_leader(index)
         return leader
 
+    def leaders_to_ask(self) -> list[str]:
+        """`remote_leaders` but those that left a short poll unanswered lately: where a
+        receive (or a peek) with nothing here looks for messages (Router.answering)."""
+        return [] if self.router is None else self.router.answering(self.remote_leaders())
+
     def remote_leaders(self) -> list[str]:
         """Server ids leading some shard of this queue elsewhere."""
         if self.router is None:
@@ -449,7 +454,7 @@ class HostedQueue:
             if any(claimed):
                 return [Received(messages, []) for messages in claimed]
             if not forwarded and shard is None:
-                for leader in self.remote_leaders():
+                for leader in self.leaders_to_ask():
                     try:
                         remote = await self._receive_shares_remote(leader, shares, visibility_timeout_ms, None)
                     except ShardqError:
@@ -486,7 +491,7 @@ class HostedQueue:
             if claimed:
                 return Received(claimed, [])
             if not forwarded and shard is None:
-                for leader in self.remote_leaders():
+                for leader in self.leaders_to_ask():
                     remote = await self._receive_remote(leader, max_messages, visibility_timeout_ms, 0, None)
                     if remote:
                         return Received([], remote)
@@ -528,7 +533,7 @@ class HostedQueue:
             # before its commit is seen by a peek that follows it.
             found.local += await hosted.committer.run_exclusive(look)
         if not forwarded and shard is None:
-            for leader in self.remote_leaders():
+            for leader in self.leaders_to_ask():
                 found.remote += await self._peek_remote(leader, max_messages, None)
         return found
 

@@ -1,0 +1,89 @@
+"""A receive through one server asks the other leaders when its own shards are empty;
+one hung leader (SIGSTOPped, as a frozen pod or a cut network looks) may cost it one
+short poll's timeout, once, and never more. The others' messages still come, a long
+poll ends near its wait, and later receives skip the hung leader for a while. Before,
+each hung leader cost every receive 10 s, asked in turn: a short poll outlived a 5 s
+deadline, and a long poll could overrun its wait by 10 s per hung leader."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from shard_server.runtime.forwarding import REMOTE_SHORT_POLL_S, UNANSWERED_LEADER_SKIPPED_S
+from shardq.api.v1 import queue_pb2, queue_pb2_grpc
+from tests.support.clusters import Cluster, running
+from tests.support.servers import wait_for
+
+# Three shards, each led by its placement's first server: s1, s2, s3. Receives go to
+# s1, which asks s2 before s3 (in name order), and s2 is the one that hangs.
+PLACEMENT = [["s1", "s2"], ["s2", "s3"], ["s3", "s1"]]
+QUEUE = "orders"
+WAIT_MS = 2_000
+
+
+@pytest.fixture
+def cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
+    yield from running(Cluster(tmp_path / "cluster", placement=PLACEMENT, lease_ms=60_000))
+
+
+def every_shard_led(stub: queue_pb2_grpc.QueueServiceStub) -> bool:
+    try:
+        attributes = stub.GetQueueAttributes(queue_pb2.GetQueueAttributesRequest(queue=QUEUE), timeout=5)
+    except grpc.RpcError:  # still starting
+        return False
+    return [shard.shard for shard in attributes.shards] == [0, 1, 2]
+
+
+def send_to_shard_led_by_s3(stub: queue_pb2_grpc.QueueServiceStub, bodies: list[bytes]) -> None:
+    request = queue_pb2.SendMessagesRequest(
+        queue=QUEUE, shard=2, messages=[queue_pb2.MessageToSend(body=body) for body in bodies]
+    )
+    response = stub.SendMessages(request, timeout=10)
+    assert all(result.message_id for result in response.results), response
+
+
+def receive(stub: queue_pb2_grpc.QueueServiceStub, *, wait_ms: int, deadline_s: float) -> list[bytes]:
+    request = queue_pb2.ReceiveMessagesRequest(
+        queue=QUEUE, max_messages=10, wait_time_ms=wait_ms, visibility_timeout_ms=60_000
+    )
+    return sorted(message.body for message in stub.ReceiveMessages(request, timeout=deadline_s).messages)
+
+
+@pytest.mark.timeout(120)
+def test_a_hung_leader_costs_receives_elsewhere_one_short_poll(cluster: Cluster) -> None:
+    hung = cluster.processes["s2"].pid
+    with grpc.insecure_channel(cluster.endpoint("s1")) as channel:
+        stub = queue_pb2_grpc.QueueServiceStub(channel)
+        wait_for(lambda: every_shard_led(stub), timeout=30, what="every shard led")
+        send_to_shard_led_by_s3(stub, [b"a", b"b", b"c"])
+        os.kill(hung, signal.SIGSTOP)
+        try:
+            # The first receive finds s1's shard empty and asks s2 first: it may wait
+            # for that short poll to time out, then s3 answers.
+            first = receive(stub, wait_ms=0, deadline_s=REMOTE_SHORT_POLL_S + 3)
+            hung_at = time.monotonic()
+            assert first == [b"a", b"b", b"c"]
+            # Then s2 is skipped: a deadline shorter than one short poll's timeout is met.
+            send_to_shard_led_by_s3(stub, [b"d", b"e"])
+            assert receive(stub, wait_ms=0, deadline_s=REMOTE_SHORT_POLL_S / 2) == [b"d", b"e"]
+            # A long poll of an empty queue ends with its wait, not a hung leader's timeout.
+            assert receive(stub, wait_ms=WAIT_MS, deadline_s=WAIT_MS / 1000 + REMOTE_SHORT_POLL_S / 2) == []
+            assert time.monotonic() - hung_at < UNANSWERED_LEADER_SKIPPED_S, "the checks above ran within the skip"
+        finally:
+            os.kill(hung, signal.SIGCONT)
+        # Back: s2's shard is served through s1 again once the skip has passed.
+        request = queue_pb2.SendMessagesRequest(queue=QUEUE, shard=1, messages=[queue_pb2.MessageToSend(body=b"f")])
+        assert stub.SendMessages(request, timeout=10).results[0].message_id
+        received = wait_for(
+            lambda: receive(stub, wait_ms=500, deadline_s=10),
+            timeout=UNANSWERED_LEADER_SKIPPED_S + 15,
+            what="s2's message received through s1",
+        )
+        assert received == [b"f"]
