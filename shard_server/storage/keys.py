@@ -36,6 +36,7 @@ ALL_DBS = (
 META_LAST_SEQ = b"last_seq"
 META_LAST_INDEX = b"last_index"
 META_EPOCH = b"epoch"  # the highest epoch this replica has seen (fencing)
+META_EPOCH_LEADER = b"epoch_leader"  # the server that led that epoch, as this replica saw it
 META_APPLIED_INDEX = b"applied_index"  # log entries applied to the state, in order
 META_INCARNATION = b"incarnation"  # random per copy of the data; a wiped replica gets a new one
 META_IDENTITY = b"identity"  # queue name and shard number, checked on open

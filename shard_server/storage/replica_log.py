@@ -45,6 +45,16 @@ def _put_meta(tx: LmdbShardTransaction, name: bytes, value: int) -> None:
     tx.txn.put(name, keys.U64.pack(value), db=tx._meta)
 
 
+def _epoch_leader(tx: LmdbShardTransaction) -> str:
+    value = tx.txn.get(keys.META_EPOCH_LEADER, None, tx._meta)
+    return "" if value is None else bytes(value).decode()
+
+
+def _see_epoch(tx: LmdbShardTransaction, epoch: int, leader: str) -> None:
+    _put_meta(tx, keys.META_EPOCH, epoch)
+    tx.txn.put(keys.META_EPOCH_LEADER, leader.encode(), db=tx._meta)
+
+
 def entry_epoch(tx: LmdbShardTransaction, index: int) -> int | None:
     data = tx.txn.get(keys.U64.pack(index), db=tx._log)
     return None if data is None else decode_entry_head(data)[0]
@@ -78,6 +88,7 @@ def append_as_follower(
     environment: ShardEnvironment,
     *,
     epoch: int,
+    leader: str,
     prev_index: int,
     prev_epoch: int,
     entries: list[bytes],
@@ -88,8 +99,16 @@ def append_as_follower(
         seen = _meta(tx, keys.META_EPOCH)
         if epoch < seen:
             return AppendOutcome(AppendResult.STALE_EPOCH, seen, tx.last_index(), f"epoch {epoch} < {seen}")
-        if epoch > seen:
-            _put_meta(tx, keys.META_EPOCH, epoch)
+        led_by = _epoch_leader(tx)
+        if epoch == seen and led_by and led_by != leader:
+            # One lease gives each epoch one holder: two leaders of one epoch means the
+            # Leases were made anew below the epochs the data carries, and entries of
+            # both terms would match by index and epoch. The leader moves above it.
+            return AppendOutcome(
+                AppendResult.STALE_EPOCH, seen, tx.last_index(), f"epoch {epoch} was led by {led_by}, not {leader}"
+            )
+        if epoch > seen or not led_by:
+            _see_epoch(tx, epoch, leader)
         last = tx.last_index()
         applied = _meta(tx, keys.META_APPLIED_INDEX)
         if prev_index > 0 and prev_epoch == 0:
@@ -159,10 +178,18 @@ def entry_epoch_at(environment: ShardEnvironment, index: int) -> int | None:
         return entry_epoch(tx, index)
 
 
-def set_epoch_seen(environment: ShardEnvironment, epoch: int) -> None:
+def set_epoch_seen(environment: ShardEnvironment, epoch: int, *, leader: str) -> None:
+    """Record that `leader` leads `epoch` (when it is above the epoch seen so far)."""
     with environment.write_transaction() as tx:
         if epoch > _meta(tx, keys.META_EPOCH):
-            _put_meta(tx, keys.META_EPOCH, epoch)
+            _see_epoch(tx, epoch, leader)
+
+
+def epoch_seen(environment: ShardEnvironment) -> tuple[int, str]:
+    """The highest epoch this replica has seen, and who led it ("" when not recorded:
+    data written before the leader was)."""
+    with environment.read() as tx:
+        return _meta(tx, keys.META_EPOCH), _epoch_leader(tx)
 
 
 def recover_committed_ahead(environment: ShardEnvironment, *, fifo: bool) -> int:

@@ -52,6 +52,32 @@ def build_takeover(record: LeaseRecord, *, new_holder: str, now_ms: int, duratio
     )
 
 
+# A Kubernetes Lease counts its transitions in an int32: no epoch may pass this.
+EPOCH_LIMIT = 2**31 - 1
+
+
+def build_epoch_raise(record: LeaseRecord, *, above: int, now_ms: int) -> LeaseRecord:
+    """The lease kept by its holder in a new epoch above `above`, an epoch some replica
+    of the shard has seen although the lease never reached it: the Leases were made
+    anew (deleted by hand, or restored) while the volumes kept data of later epochs.
+    Leading below that epoch, or at it beside its other leader, would make the new
+    term's entries match the old term's by index and epoch. A new epoch above every
+    one seen is a new term of its own, like a takeover by the holder itself."""
+    if not record.holder:
+        raise ValueError(f"lease {record.name!r} has no holder to raise its epoch")
+    if above < record.transitions:
+        raise ValueError(f"epoch {above} is below the lease's {record.transitions}: nothing to raise")
+    if above >= EPOCH_LIMIT:
+        raise ValueError(f"epoch {above} leaves no room below the limit {EPOCH_LIMIT}")
+    return dataclasses.replace(
+        record,
+        acquire_time_ms=now_ms,
+        renew_time_ms=now_ms,
+        transitions=above + 1,
+        annotations=dict(record.annotations),
+    )
+
+
 def build_renewal(record: LeaseRecord, *, now_ms: int) -> LeaseRecord:
     """The lease renewed by its holder at `now_ms`: same holder, same epoch.
 

@@ -10,6 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shardq.coordination.fencing import (
+    EPOCH_LIMIT,
+    build_epoch_raise,
     build_isr_change,
     build_renewal,
     build_takeover,
@@ -234,3 +236,28 @@ class TestQueueCreations:
             None, shard=ShardId("orders", 0), replicas=["s1"], now_ms=T0, duration_ms=DURATION_MS, queue_uid="c-1"
         )
         assert not for_another_creation(named, "")
+
+
+class TestEpochRaise:
+    """A holder whose replicas have seen later epochs than its lease (the Leases were made
+    anew) moves its lease above them, as a takeover by itself would."""
+
+    def test_the_raise_opens_an_epoch_above_the_one_seen_and_keeps_the_rest(self) -> None:
+        lease = held(transitions=2)
+        raised = build_epoch_raise(lease, above=9, now_ms=T0 + 5)
+        assert raised.transitions == 10
+        assert (raised.holder, raised.version, raised.annotations) == (lease.holder, "17", lease.annotations)
+        assert raised.renew_time_ms == raised.acquire_time_ms == T0 + 5
+        assert raised.annotations is not lease.annotations
+
+    def test_an_epoch_equal_to_the_leases_opens_the_next(self) -> None:
+        assert build_epoch_raise(held(transitions=4), above=4, now_ms=T0).transitions == 5
+
+    def test_nothing_below_the_lease_a_free_lease_or_past_the_limit_is_raised(self) -> None:
+        with pytest.raises(ValueError, match="below"):
+            build_epoch_raise(held(transitions=4), above=3, now_ms=T0)
+        with pytest.raises(ValueError, match="no holder"):
+            build_epoch_raise(held(holder=""), above=9, now_ms=T0)
+        with pytest.raises(ValueError, match="limit"):
+            build_epoch_raise(held(), above=EPOCH_LIMIT, now_ms=T0)
+        assert build_epoch_raise(held(), above=EPOCH_LIMIT - 1, now_ms=T0).transitions == EPOCH_LIMIT

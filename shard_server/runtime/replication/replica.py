@@ -41,6 +41,7 @@ from shardq.api.v1 import replication_pb2
 from shardq.coordination.cluster_map import ClusterMap, lease_name
 from shardq.coordination.fencing import (
     build_abdication,
+    build_epoch_raise,
     build_incarnations,
     build_isr_change,
     build_renewal,
@@ -336,12 +337,39 @@ class ShardReplica:
             if monotonic_ms() - self._renewed_at_ms >= lease.duration_ms // 4:
                 await self._renew(lease)
             self._check_isr()
-        elif mine and self.role is Role.FOLLOWER and lease.transitions > self.shard.epoch:
+        elif (
+            mine
+            and self.role is Role.FOLLOWER
+            and (lease.transitions > self.shard.epoch or self._epoch_seen_above(lease) is not None)
+        ):
             try:
                 await self._become_leader(lease)
             except BaseException:
                 self._abandon_promotion()
                 raise
+
+    def _epoch_seen_above(self, lease: LeaseRecord) -> int | None:
+        """The epoch this replica's data has seen when the lease is below it, or at it
+        under another leader (the Leases were made anew: see build_epoch_raise); else None."""
+        seen, led_by = replica_log.epoch_seen(self.shard.environment)
+        if seen > lease.transitions or (seen == lease.transitions and led_by not in ("", self.server_id)):
+            return seen
+        return None
+
+    async def _raise_epoch(self, lease: LeaseRecord, *, above: int, why: str) -> None:
+        """Move the lease this replica holds to a new epoch above `above` (CAS); its next
+        watch leads in it. Stepping down alone left the shard leaderless until failovers
+        had raised the lease past `above`, one lease duration each."""
+        try:
+            raised = build_epoch_raise(lease, above=above, now_ms=wall_ms())
+        except ValueError as error:
+            log.error("%s: cannot lead: %s, and %s", self.name, why, error)
+            return
+        try:
+            await asyncio.to_thread(self.leases.update, raised)
+        except LeaseConflict:
+            return  # the lease changed meanwhile: the next watch decides again
+        log.warning("%s: %s: lease epoch raised from %d to %d", self.name, why, lease.transitions, raised.transitions)
 
     def _abandon_promotion(self) -> None:
         """A half-done promotion must not leave the replica stuck between roles."""
@@ -362,12 +390,17 @@ class ShardReplica:
             with contextlib.suppress(LeaseConflict):
                 await asyncio.to_thread(self.leases.update, build_abdication(lease, leaving=self.server_id))
             return
+        seen_above = self._epoch_seen_above(lease)
+        if seen_above is not None:
+            await self._raise_epoch(lease, above=seen_above, why=f"this replica has seen epoch {seen_above}")
+            return
         self.role = Role.PROMOTING
         epoch = lease.transitions
         fifo = self.shard.queue.config.fifo
         environment = self.shard.environment
+        leader = self.server_id
         # On the writer thread, so nothing else touches the environment meanwhile.
-        await self.shard.committer.run_exclusive(lambda: replica_log.set_epoch_seen(environment, epoch))
+        await self.shard.committer.run_exclusive(lambda: replica_log.set_epoch_seen(environment, epoch, leader=leader))
         await self.shard.committer.run_exclusive(lambda: replica_log.apply_whole_log(environment, fifo=fifo))
         self.shard.epoch = epoch
         _, _, last, _ = replica_log.replica_indexes(environment)
@@ -557,7 +590,15 @@ class ShardReplica:
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(self._new_entries.wait(), timeout=HEARTBEAT_S)
             elif outcome == replication_pb2.APPEND_OUTCOME_STALE_EPOCH:
-                await self.step_down(f"follower {follower} has seen epoch {response.epoch}")
+                epoch = self.shard.epoch
+                why = f"follower {follower} has seen epoch {response.epoch} ({response.detail or 'a later one'})"
+                await self.step_down(why)
+                # A later leader stepped in (the lease has moved on), or the Leases were
+                # made anew below what the follower saw: only then does this one still
+                # hold the lease at its epoch, and it leads again above the follower's.
+                lease = await asyncio.to_thread(self.leases.get, self.name)
+                if lease is not None and lease.holder == self.server_id and lease.transitions == epoch:
+                    await self._raise_epoch(lease, above=max(response.epoch, epoch), why=why)
                 return
             elif outcome == replication_pb2.APPEND_OUTCOME_MISMATCH:
                 next_index = max(1, min(next_index - 1, response.last_index + 1))
@@ -657,6 +698,7 @@ class ShardReplica:
                 lambda: replica_log.append_as_follower(
                     environment,
                     epoch=request.epoch,
+                    leader=request.leader_id,
                     prev_index=request.prev_index,
                     prev_epoch=request.prev_epoch,
                     entries=entries,

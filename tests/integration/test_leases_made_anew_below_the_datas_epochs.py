@@ -1,0 +1,146 @@
+"""Leases made anew (deleted by hand, restored from an old backup) while the servers' volumes
+kept data of later epochs: the shard still gets a leader, and what it acknowledges
+survives the next failover.
+
+Before, a holder whose data had seen a later epoch than its lease never led (it waited
+for failovers to raise the lease past that epoch, one lease duration each); a follower
+that had seen a later epoch made each new leader step down; and a leader of an epoch the
+other replica had seen led by another server had its entries skipped as ones already
+held, so its acknowledged sends were gone after a failover. Now the holder raises its
+lease's epoch above every one its replicas have seen (by CAS) and leads there. Real
+servers, killed with SIGKILL, and a real lease store written as the operator would."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import pathlib
+import time
+
+import pytest
+
+from shardq import Client, Message, ShardqError
+from shardq.coordination.fencing import build_isr_change, build_takeover, incarnations_of, is_expired
+from shardq.coordination.leases import LeaseRecord
+from shardq.coordination.placement import ShardId
+from shardq.coordination.takeovers import build_initial_lease
+from tests.support.clusters import LEASE_MS, Cluster, running
+from tests.support.servers import wait_for
+
+PAIR = [["s1", "s2"]]
+started = contextlib.contextmanager(running)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def send_all(cluster: Cluster, server: str, bodies: list[bytes]) -> None:
+    with Client(cluster.endpoint(server)) as client:
+
+        def attempt() -> bool | None:
+            try:
+                return all(r.ok for r in client.send_messages("orders", [Message(b) for b in bodies])) or None
+            except ShardqError:
+                return None  # not led yet
+
+        wait_for(attempt, timeout=30, what=f"the batch to be acknowledged through {server}")
+
+
+def in_sync(cluster: Cluster, server: str) -> None:
+    wait_for(lambda: incarnations_of(cluster.leader_of(0)).get(server), timeout=15, what=f"{server} in sync")
+
+
+def take_over_when_expired(cluster: Cluster, to: str, *, isr: list[str]) -> None:
+    """As the operator fails a dead holder's shard over: once its lease expired."""
+
+    def expired() -> LeaseRecord | None:
+        lease = cluster.leader_of(0)
+        return lease if is_expired(lease, now_ms()) else None
+
+    lease = wait_for(expired, timeout=10, what="the dead leader's lease to expire")
+    taken = build_takeover(lease, new_holder=to, now_ms=now_ms(), duration_ms=LEASE_MS)
+    cluster.leases.update(build_isr_change(taken, isr))
+
+
+def make_lease_anew(cluster: Cluster, *, holder: str, epoch: int) -> None:
+    """The shard's Lease as one made anew would be, `epoch - 1` failovers later: `holder`
+    holds it, both replicas in sync, no data vouched for."""
+    fresh = build_initial_lease(shard=ShardId("orders", 0), replicas=PAIR[0], now_ms=now_ms(), duration_ms=LEASE_MS)
+    current = cluster.leader_of(0)
+    cluster.leases.update(
+        dataclasses.replace(fresh, holder=holder, transitions=epoch, name=current.name, version=current.version)
+    )
+
+
+def received_through(cluster: Cluster, server: str) -> list[bytes]:
+    with Client(cluster.endpoint(server)) as client:
+
+        def attempt() -> list[bytes] | None:
+            try:
+                got = client.receive_messages("orders", max_messages=10, wait_time_ms=1000)
+            except ShardqError:
+                return None  # still taking the lead
+            return sorted(m.body for m in got) or None
+
+        return wait_for(attempt, timeout=30, what=f"{server} to serve the queue")
+
+
+@pytest.mark.timeout(180)
+def test_a_leader_of_an_epoch_another_server_led_moves_above_it(tmp_path: pathlib.Path) -> None:
+    cluster = Cluster(tmp_path, placement=PAIR)
+    with started(cluster):
+        old = [f"old-{i}".encode() for i in range(5)]
+        send_all(cluster, "s1", old)
+        in_sync(cluster, "s2")
+        # s2 leads alone in epoch 2 and takes sends only it holds.
+        cluster.kill("s1")
+        take_over_when_expired(cluster, "s2", isr=["s2"])
+        send_all(cluster, "s2", [f"alone-{i}".encode() for i in range(3)])
+        cluster.kill("s2")
+        # The Lease is made anew, and after one failover s1 holds it in epoch 2: s2's epoch.
+        make_lease_anew(cluster, holder="s1", epoch=2)
+        cluster.start("s1")
+        cluster.start("s2")
+        new = [f"new-{i}".encode() for i in range(3)]
+        send_all(cluster, "s1", new)
+        assert cluster.leader_of(0).transitions > 2, "s1 leads above the epoch s2 saw led by itself"
+        in_sync(cluster, "s2")
+        # What s1 acknowledged is on s2: it serves it once it leads.
+        cluster.kill("s1")
+        take_over_when_expired(cluster, "s2", isr=["s2"])
+        assert received_through(cluster, "s2") == sorted(old + new)
+    assert "was led by s2, not s1" in (tmp_path / "s1.log").read_text()
+
+
+@pytest.mark.timeout(180)
+def test_a_holder_whose_data_saw_a_later_epoch_than_its_lease_leads(tmp_path: pathlib.Path) -> None:
+    cluster = Cluster(tmp_path, placement=PAIR)
+    with started(cluster):
+        old = [f"old-{i}".encode() for i in range(5)]
+        send_all(cluster, "s1", old)
+        in_sync(cluster, "s2")
+        # s1 takes its own lease over twice (a restart each, as it were): epoch 3.
+        for step in range(2):
+            lease = cluster.leader_of(0)
+            taken = cluster.leases.update(build_takeover(lease, new_holder="s1", now_ms=now_ms(), duration_ms=LEASE_MS))
+            wait_for(
+                lambda epoch=taken.transitions: f"leading at epoch {epoch}" in (tmp_path / "s1.log").read_text(),
+                timeout=15,
+                what="s1 to lead in the new epoch",
+            )
+            old.append(f"step-{step}".encode())
+            send_all(cluster, "s1", old[-1:])
+        epoch = cluster.leader_of(0).transitions
+        assert epoch == 3
+        in_sync(cluster, "s2")
+        cluster.kill("s1")
+        cluster.kill("s2")
+        # The Lease is made anew: epoch 1, below what both replicas saw.
+        make_lease_anew(cluster, holder="s1", epoch=1)
+        cluster.start("s1")
+        cluster.start("s2")
+        new = [f"new-{i}".encode() for i in range(3)]
+        send_all(cluster, "s1", new)
+        assert cluster.leader_of(0).transitions > epoch
+        assert received_through(cluster, "s1") == sorted(old + new)
