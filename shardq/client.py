@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from shardq import client_loops
 from shardq.aio import DEFAULT_ENDPOINT, AsyncClient
-from shardq.consumer import ConsumerStats, run_consumer
+from shardq.consumer import ConsumerStats, run_consumer, stop_on_signal
 from shardq.types import EntryResult, Message, QueueAttributes, ReceivedMessage, RedriveProgress, SendResult, ShardRoute
 
 T = TypeVar("T")
@@ -162,12 +162,16 @@ class Client:
         max_messages: int | None = None,
         prefetch: int | None = None,
     ) -> ConsumerStats:
-        """Blocking consumer loop (see shardq.consumer.run_consumer); SIGTERM/SIGINT stop it cleanly."""
+        """Blocking consumer loop (see shardq.consumer.run_consumer); SIGTERM/SIGINT stop it
+        cleanly, and a second one stops it without waiting for the handlers running."""
         stop = self._run(self._make_event())
+        stop_now = self._run(self._make_event())
         previous = {}
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGINT):
-                previous[signum] = signal.signal(signum, lambda *_: self._loop.call_soon_threadsafe(stop.set))
+                previous[signum] = signal.signal(
+                    signum, lambda *_: self._loop.call_soon_threadsafe(stop_on_signal, stop, stop_now)
+                )
         try:
             return self._run(
                 run_consumer(
@@ -177,6 +181,7 @@ class Client:
                     concurrency=concurrency,
                     visibility_timeout_ms=visibility_timeout_ms,
                     stop=stop,
+                    stop_now=stop_now,
                     handle_signals=False,
                     max_messages=max_messages,
                     prefetch=prefetch,

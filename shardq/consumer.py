@@ -1,21 +1,25 @@
 """The consumer helper: receive, run a handler, keep the message hidden while it
 runs (heartbeat) and while it waits in the prefetch, delete on success, release with
 backoff on failure, and stop cleanly on SIGTERM/SIGINT without losing or
-double-handling anything. Its workers share one consumer stream."""
+double-handling anything; a second signal stops without waiting for the handlers
+still running, and gives their messages back. Its workers share one consumer stream."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import contextvars
 import dataclasses
 import functools
 import inspect
 import logging
+import queue
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from typing import ParamSpec, TypeVar
 
 from shardq.aio import AsyncClient
 from shardq.consumer_streams import ConsumerStream
@@ -35,6 +39,8 @@ MAX_RELEASE_REASON_CHARS = 1_024
 PREFETCH_PER_WORKER = 10
 
 Handler = Callable[[ReceivedMessage], Awaitable[None] | None]
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 @dataclasses.dataclass
@@ -42,6 +48,21 @@ class ConsumerStats:
     handled: int = 0
     failed: int = 0
     heartbeats: int = 0
+    # Handlers still running when `stop_now` came: their messages were given back.
+    cut_off: int = 0
+
+
+def stop_on_signal(stop: asyncio.Event, stop_now: asyncio.Event) -> None:
+    """What SIGTERM and SIGINT do to run_consumer: the first sets `stop` (nothing new
+    starts, the running handlers finish), the next `stop_now` (they are not waited for),
+    as Celery's warm and cold shutdowns. A handler stuck for good could only be ended
+    with SIGKILL before, its messages then hidden until their visibility timeout."""
+    if not stop.is_set():
+        log.warning("stopping: the running handlers finish first; signal again to stop without waiting for them")
+        stop.set()
+    elif not stop_now.is_set():
+        log.warning("stopping now: the running handlers are not waited for; their messages are given back")
+        stop_now.set()
 
 
 async def _heartbeat(client: AsyncClient, queue: str, receipt: str, visibility_ms: int, stats: ConsumerStats) -> None:
@@ -131,12 +152,19 @@ async def run_consumer(
     concurrency: int = 8,
     visibility_timeout_ms: int | None = None,
     stop: asyncio.Event | None = None,
+    stop_now: asyncio.Event | None = None,
     handle_signals: bool = True,
     max_messages: int | None = None,
     stats: ConsumerStats | None = None,
     prefetch: int | None = None,
 ) -> ConsumerStats:
     """Consume until `stop` is set, a signal arrives, or `max_messages` were handled.
+
+    Stopping starts nothing new and waits for the handlers running; `stop_now` (or a
+    second signal) waits for none: an async handler is cancelled, and a handler in a
+    thread, which Python cannot stop, is left running (the threads do not hold the
+    process at exit). Their messages are given back at once (`stats.cut_off`), so one
+    cut off late in its work may be handled again, as at-least-once delivery allows.
 
     `concurrency` workers share one consumer stream, each handling one message at a
     time. An async handler (an async function, an object whose `__call__` is async, or
@@ -164,11 +192,12 @@ async def run_consumer(
     if prefetch < 1:
         raise ValueError(f"prefetch must be at least 1, got {prefetch}")
     stop = stop or asyncio.Event()
+    stop_now = stop_now or asyncio.Event()
     loop = asyncio.get_running_loop()
     if handle_signals:
         for signum in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(RuntimeError, ValueError):  # not the main thread
-                loop.add_signal_handler(signum, stop.set)
+                loop.add_signal_handler(signum, stop_on_signal, stop, stop_now)
     stats = stats if stats is not None else ConsumerStats()
     if visibility_timeout_ms is None:
         # The queue's own, as its owner chose it. A fixed default here (30 s) overrode it,
@@ -181,6 +210,9 @@ async def run_consumer(
     keeps_claims = visibility_ms > 0
     # Prefetched, never handled: given back at the end, not left to their visibility timeout.
     unstarted: list[ReceivedMessage] = []
+    # Handlers not waited for (stop_now): their messages are given back too.
+    cut_off: list[ReceivedMessage] = []
+    cutting_off = False
     # Set by `stop`, or when run_consumer itself is cancelled: nothing new starts after it.
     ending = asyncio.Event()
     taking = asyncio.Lock()
@@ -228,7 +260,10 @@ async def run_consumer(
             except (Exception, asyncio.CancelledError) as error:
                 if isinstance(error, asyncio.CancelledError) and _is_being_cancelled():
                     # The end of run_consumer (or of its loop) reached this worker: not
-                    # the handler's failure. Its message is neither deleted nor released.
+                    # the handler's failure. Its message is neither deleted nor released,
+                    # and given back when run_consumer stopped without waiting for it.
+                    if cutting_off:
+                        cut_off.append(message)
                     raise
                 # Anything else is the handler's, a CancelledError too (one it awaited of an
                 # inner task, say): let through, it ended its worker silently (with the last
@@ -280,6 +315,18 @@ async def run_consumer(
         watching = loop.create_task(stop.wait())
         watching.add_done_callback(lambda watched: None if watched.cancelled() else end())
         workers = [loop.create_task(work()) for _ in range(concurrency)]
+
+        def cut_off_handlers(watched: asyncio.Task[bool]) -> None:
+            nonlocal cutting_off
+            if watched.cancelled():
+                return
+            cutting_off = True
+            end()
+            for worker in workers:
+                worker.cancel()
+
+        watching_now = loop.create_task(stop_now.wait())
+        watching_now.add_done_callback(cut_off_handlers)
         try:
             await asyncio.wait(workers)
         finally:
@@ -288,10 +335,12 @@ async def run_consumer(
                 keeping.cancel()
             if not all(worker.done() for worker in workers):
                 end()  # run_consumer itself was cancelled: the handlers running finish first
-                await asyncio.wait(workers)
+                await asyncio.wait(workers)  # unless stop_now comes meanwhile
+            watching_now.cancel()
+            stats.cut_off += len(cut_off)
             # Prefetched but never handled: give them back now, not at their visibility timeout.
             unstarted.extend(await stream.close())
-            await give_back_now(client, queue, unstarted)
+            await give_back_now(client, queue, unstarted + cut_off)
     for worker in workers:
         failure = None if worker.cancelled() else worker.exception()
         if failure is not None:
@@ -311,24 +360,68 @@ def _is_async_callable(handler: object) -> bool:
     return inspect.iscoroutinefunction(type(handler).__call__)
 
 
+class _HandlerThreads(concurrent.futures.Executor):
+    """`count` daemon threads taking calls in turn. ThreadPoolExecutor's threads are
+    joined when the interpreter exits, so one handler stuck in its thread held the process
+    after run_consumer had stopped without waiting for it: only SIGKILL ended it."""
+
+    def __init__(self, count: int) -> None:
+        self._calls: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"shardq-handler-{n}", daemon=True) for n in range(count)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> concurrent.futures.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def call() -> None:
+            if not future.set_running_or_notify_cancel():
+                return  # cancelled while it waited for a thread
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as error:  # the handler's, SystemExit included: its caller's to judge
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+        self._calls.put(call)
+        return future
+
+    def _serve(self) -> None:
+        while (call := self._calls.get()) is not None:
+            call()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Each thread ends once the calls submitted before are done (one whose future was
+        cancelled is skipped); a thread stuck in its handler never ends, and is waited for
+        only with `wait`. `cancel_futures` is the Executor signature's, and unused."""
+        for _ in self._threads:
+            self._calls.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
+
+
 @contextlib.asynccontextmanager
-async def _handler_threads(handler: Handler, count: int) -> AsyncIterator[ThreadPoolExecutor | None]:
+async def _handler_threads(handler: Handler, count: int) -> AsyncIterator[_HandlerThreads | None]:
     """Threads of run_consumer's own for a handler not async, one per worker: the loop's
     default executor has min(32, CPUs + 4), and on two CPUs ran 6 handlers of 16 workers
     at once. None for an async handler, which needs none."""
     if _is_async_callable(handler):
         yield None
         return
-    threads = ThreadPoolExecutor(max_workers=count, thread_name_prefix="shardq-handler")
+    threads = _HandlerThreads(count)
     try:
         yield threads
     finally:
-        # Without waiting: run_consumer has waited for its handlers already, except when its
-        # workers were cancelled, and a handler stuck in its thread must not hold it up then.
-        threads.shutdown(wait=False, cancel_futures=True)
+        # Without waiting: run_consumer has waited for its handlers already, except when it
+        # stopped without waiting, and a handler stuck in its thread must not hold it up then.
+        threads.shutdown(wait=False)
 
 
-async def _run_handler(handler: Handler, message: ReceivedMessage, threads: ThreadPoolExecutor | None) -> None:
+async def _run_handler(handler: Handler, message: ReceivedMessage, threads: _HandlerThreads | None) -> None:
     """Run the handler to completion: on the loop when async (`threads` is None), otherwise
     in a thread, with the caller's context as asyncio.to_thread has it. An awaitable the
     thread brings back (`lambda m: handle(m)` of an async `handle`, say) is awaited on the
