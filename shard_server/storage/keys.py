@@ -37,6 +37,9 @@ META_LAST_SEQ = b"last_seq"
 META_LAST_INDEX = b"last_index"
 META_EPOCH = b"epoch"  # the highest epoch this replica has seen (fencing)
 META_EPOCH_LEADER = b"epoch_leader"  # the server that led that epoch, as this replica saw it
+# Set when another server appended at that epoch: this replica's entries of it may match
+# the other's by index and epoch, so it copies a snapshot of its next leader's instead.
+META_EPOCH_CONFLICT = b"epoch_conflict"
 META_APPLIED_INDEX = b"applied_index"  # log entries applied to the state, in order
 META_INCARNATION = b"incarnation"  # random per copy of the data; a wiped replica gets a new one
 META_IDENTITY = b"identity"  # queue name and shard number, checked on open

@@ -53,6 +53,7 @@ def _epoch_leader(tx: LmdbShardTransaction) -> str:
 def _see_epoch(tx: LmdbShardTransaction, epoch: int, leader: str) -> None:
     _put_meta(tx, keys.META_EPOCH, epoch)
     tx.txn.put(keys.META_EPOCH_LEADER, leader.encode(), db=tx._meta)
+    tx.txn.delete(keys.META_EPOCH_CONFLICT, db=tx._meta)
 
 
 def entry_epoch(tx: LmdbShardTransaction, index: int) -> int | None:
@@ -103,9 +104,19 @@ def append_as_follower(
         if epoch == seen and led_by and led_by != leader:
             # One lease gives each epoch one holder: two leaders of one epoch means the
             # Leases were made anew below the epochs the data carries, and entries of
-            # both terms would match by index and epoch. The leader moves above it.
+            # both terms would match by index and epoch. The leader moves above it, and
+            # this replica then copies its state whole: the entries it may have written
+            # at this epoch before it heard cannot be told from this replica's own.
+            tx.txn.put(keys.META_EPOCH_CONFLICT, b"1", db=tx._meta)
             return AppendOutcome(
                 AppendResult.STALE_EPOCH, seen, tx.last_index(), f"epoch {epoch} was led by {led_by}, not {leader}"
+            )
+        if epoch > seen and tx.txn.get(keys.META_EPOCH_CONFLICT, None, tx._meta) is not None:
+            return AppendOutcome(
+                AppendResult.NEEDS_SNAPSHOT,
+                epoch,
+                tx.last_index(),
+                f"this replica's entries of epoch {seen} were written by {led_by}, another leader of that epoch",
             )
         if epoch > seen or not led_by:
             _see_epoch(tx, epoch, leader)

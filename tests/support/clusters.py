@@ -122,6 +122,10 @@ class Cluster:
         self.processes[server] = subprocess.Popen(command, stdout=log, stderr=log)
         log.close()
 
+    def log(self, server: str) -> str:
+        """What `server` has logged, in every run of it."""
+        return (self.root / f"{server}.log").read_text()
+
     def metrics_url(self, server: str) -> str:
         return f"http://127.0.0.1:{self.metrics_ports[server]}/metrics"
 

@@ -70,3 +70,19 @@ def test_a_leader_records_its_own_epoch_and_data_from_before_names_no_leader(env
     assert replica_log.epoch_seen(environment) == (6, "s3")
     replica_log.set_epoch_seen(environment, 6, leader="s1")  # not above: changes nothing
     assert replica_log.epoch_seen(environment) == (6, "s3")
+
+
+def test_after_a_second_leader_of_its_epoch_the_replica_copies_its_next_leader_whole(
+    environment: ShardEnvironment,
+) -> None:
+    assert append(environment, epoch=3, leader="s2", index=1).result is replica_log.AppendResult.OK
+    assert append(environment, epoch=3, leader="s1", index=2).result is replica_log.AppendResult.STALE_EPOCH
+    # s1 moves above it; its log may hold entries of epoch 3 that match this one's by
+    # index and epoch, so matching is not trusted: a snapshot is.
+    after = append(environment, epoch=4, leader="s1", index=2, prev_epoch=3)
+    assert after.result is replica_log.AppendResult.NEEDS_SNAPSHOT
+    assert "written by s2" in after.detail
+    assert replica_log.replica_indexes(environment)[2] == 1
+    # Leading (a new epoch of its own) ends it: its data is the reference from then on.
+    replica_log.set_epoch_seen(environment, 5, leader="s2")
+    assert append(environment, epoch=6, leader="s1", index=2, prev_epoch=3).result is replica_log.AppendResult.OK

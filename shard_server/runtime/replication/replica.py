@@ -756,7 +756,13 @@ class ShardReplica:
 
             self.shard.replace_environment(await self.shard.committer.run_exclusive(swap))
             self.incarnation = self.shard.environment.incarnation()
-            log.info("%s: bootstrapped from %s's snapshot (%d bytes)", self.name, leader, received)
+            log.info(
+                "%s: bootstrapped from %s's snapshot (%d bytes), data incarnation now %s",
+                self.name,
+                leader,
+                received,
+                self.incarnation,
+            )
         except (grpc.RpcError, OSError) as error:
             log.warning("%s: snapshot from %s failed: %s", self.name, leader, error)
         finally:
