@@ -14,11 +14,11 @@ import dataclasses
 import functools
 import inspect
 import logging
-import queue
 import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from queue import SimpleQueue
 from typing import ParamSpec, TypeVar
 
 from shardq.aio import AsyncClient
@@ -366,7 +366,7 @@ class _HandlerThreads(concurrent.futures.Executor):
     after run_consumer had stopped without waiting for it: only SIGKILL ended it."""
 
     def __init__(self, count: int) -> None:
-        self._calls: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._calls: SimpleQueue[Callable[[], None] | None] = SimpleQueue()
         self._threads = [
             threading.Thread(target=self._serve, name=f"shardq-handler-{n}", daemon=True) for n in range(count)
         ]
