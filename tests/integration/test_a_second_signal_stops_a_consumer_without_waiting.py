@@ -12,58 +12,20 @@ import pathlib
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
 
 from shardq import Client, Message
+from tests.support.consumer_scripts import ASYNC_CONSUMER, BLOCKING_CONSUMER
 from tests.support.servers import ServerProcess, wait_for
 
 QUEUE = "orders-dlq"
 MESSAGES = 5
 WORKERS = 2
 # Handlers that never finish on their own: a thread's in `time.sleep`, a coroutine's in
-# `asyncio.sleep`. Each writes its message's body down first.
-CONSUMERS = {
-    "blocking": textwrap.dedent(
-        """
-        import pathlib, sys, time
-        from shardq import Client
-
-        started = pathlib.Path(sys.argv[2])
-
-        def handler(message):
-            with started.open("a") as log:
-                log.write(message.body.decode() + "\\n")
-            time.sleep(3600)
-
-        with Client(sys.argv[1]) as client:
-            stats = client.run_consumer("orders-dlq", handler, concurrency=2, visibility_timeout_ms=120_000)
-        print(f"handled {stats.handled}, cut off {stats.cut_off}")
-        """
-    ),
-    "async": textwrap.dedent(
-        """
-        import asyncio, pathlib, sys
-        from shardq import AsyncClient, run_consumer
-
-        started = pathlib.Path(sys.argv[2])
-
-        async def handler(message):
-            with started.open("a") as log:
-                log.write(message.body.decode() + "\\n")
-            await asyncio.sleep(3600)
-
-        async def main():
-            async with AsyncClient(sys.argv[1]) as client:
-                stats = await run_consumer(client, "orders-dlq", handler, concurrency=2, visibility_timeout_ms=120_000)
-            print(f"handled {stats.handled}, cut off {stats.cut_off}")
-
-        asyncio.run(main())
-        """
-    ),
-}
+# `asyncio.sleep`.
+CONSUMERS = {"blocking": BLOCKING_CONSUMER, "async": ASYNC_CONSUMER}
 
 
 @pytest.mark.timeout(120)
@@ -76,7 +38,7 @@ def test_a_second_signal_stops_without_waiting_and_gives_every_message_back(
         client.send_messages(QUEUE, [Message(body) for body in bodies])
     started_log = tmp_path / "started.txt"
     consumer = subprocess.Popen(
-        [sys.executable, "-c", CONSUMERS[kind], server.endpoint, str(started_log)],
+        [sys.executable, "-c", CONSUMERS[kind], server.endpoint, str(started_log), QUEUE, str(WORKERS), "3600"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

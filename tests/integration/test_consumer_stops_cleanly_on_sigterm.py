@@ -8,34 +8,14 @@ import pathlib
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 from shardq import Client, Message
+from tests.support.consumer_scripts import ASYNC_CONSUMER
 from tests.support.servers import ServerProcess, wait_for
 
 QUEUE = "orders-dlq"
 MESSAGES = 12
-CONSUMER = textwrap.dedent(
-    """
-    import asyncio, pathlib, sys
-    from shardq import AsyncClient, run_consumer
-
-    started = pathlib.Path(sys.argv[2])
-
-    async def handler(message):
-        with started.open("a") as log:
-            log.write(message.body.decode() + "\\n")
-        await asyncio.sleep(2)
-
-    async def main():
-        async with AsyncClient(sys.argv[1]) as client:
-            stats = await run_consumer(client, "orders-dlq", handler, concurrency=3, visibility_timeout_ms=120_000)
-            print(f"handled {stats.handled}")
-
-    asyncio.run(main())
-    """
-)
 
 
 def test_sigterm_starts_nothing_new_and_gives_back_prefetched_messages(
@@ -45,7 +25,7 @@ def test_sigterm_starts_nothing_new_and_gives_back_prefetched_messages(
         client.send_messages(QUEUE, [Message(b"m%d" % n) for n in range(MESSAGES)])
     started_log = tmp_path / "started.txt"
     consumer = subprocess.Popen(
-        [sys.executable, "-c", CONSUMER, server.endpoint, str(started_log)],
+        [sys.executable, "-c", ASYNC_CONSUMER, server.endpoint, str(started_log), QUEUE, "3", "2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -65,7 +45,7 @@ def test_sigterm_starts_nothing_new_and_gives_back_prefetched_messages(
     assert consumer.returncode == 0, err
     started = started_log.read_text().split()
     assert len(started) == 3, f"handlers started after SIGTERM: {started}"
-    assert out.strip() == "handled 3"
+    assert out.strip() == "handled 3, cut off 0"
     with Client(server.endpoint) as client:
         # Everything not handled is visible right away (the consumer claimed them for 120 s).
         deadline = time.monotonic() + 5

@@ -85,6 +85,17 @@ def make_lease_anew(cluster: Cluster, *, holder: str, epoch: int) -> None:
     )
 
 
+def restart_under_a_lease_made_anew(cluster: Cluster, *, epoch: int) -> list[bytes]:
+    """Both servers (stopped) started again under the Lease made anew in `epoch`, held by
+    s1; the bodies s1 then acknowledged."""
+    make_lease_anew(cluster, holder="s1", epoch=epoch)
+    cluster.start("s1")
+    cluster.start("s2")
+    new = [f"new-{i}".encode() for i in range(3)]
+    send_all(cluster, "s1", new)
+    return new
+
+
 def received_through(cluster: Cluster, server: str) -> list[bytes]:
     with Client(cluster.endpoint(server)) as client:
 
@@ -108,11 +119,7 @@ def test_a_leader_of_an_epoch_another_server_led_moves_above_it(tmp_path: pathli
         send_all(cluster, "s2", [f"alone-{i}".encode() for i in range(3)])
         cluster.kill("s2")
         # The Lease is made anew, and after one failover s1 holds it in epoch 2: s2's epoch.
-        make_lease_anew(cluster, holder="s1", epoch=2)
-        cluster.start("s1")
-        cluster.start("s2")
-        new = [f"new-{i}".encode() for i in range(3)]
-        send_all(cluster, "s1", new)
+        new = restart_under_a_lease_made_anew(cluster, epoch=2)
         assert cluster.leader_of(0).transitions > 2, "s1 leads above the epoch s2 saw led by itself"
         # s2 copies s1's state whole, and is in sync as that new copy of the data.
         copied = wait_for(
@@ -143,7 +150,7 @@ def test_a_holder_whose_data_saw_a_later_epoch_than_its_lease_leads(tmp_path: pa
             lease = cluster.leader_of(0)
             taken = cluster.leases.update(build_takeover(lease, new_holder="s1", now_ms=now_ms(), duration_ms=LEASE_MS))
             wait_for(
-                lambda epoch=taken.transitions: f"leading at epoch {epoch}" in (tmp_path / "s1.log").read_text(),
+                lambda epoch=taken.transitions: f"leading at epoch {epoch}" in cluster.log("s1"),
                 timeout=15,
                 what="s1 to lead in the new epoch",
             )
@@ -155,10 +162,6 @@ def test_a_holder_whose_data_saw_a_later_epoch_than_its_lease_leads(tmp_path: pa
         cluster.kill("s1")
         cluster.kill("s2")
         # The Lease is made anew: epoch 1, below what both replicas saw.
-        make_lease_anew(cluster, holder="s1", epoch=1)
-        cluster.start("s1")
-        cluster.start("s2")
-        new = [f"new-{i}".encode() for i in range(3)]
-        send_all(cluster, "s1", new)
+        new = restart_under_a_lease_made_anew(cluster, epoch=1)
         assert cluster.leader_of(0).transitions > epoch
         assert received_through(cluster, "s1") == sorted(old + new)
