@@ -18,27 +18,18 @@ import pytest
 
 from shard_server.runtime.forwarding import REMOTE_SHORT_POLL_S, UNANSWERED_LEADER_SKIPPED_S
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
-from tests.support.clusters import Cluster, running
+from tests.support.clusters import THREE_LEADERS, Cluster, every_shard_led, running
 from tests.support.servers import wait_for
 
-# Three shards, each led by its placement's first server: s1, s2, s3. Receives go to
-# s1, which asks s2 before s3 (in name order), and s2 is the one that hangs.
-PLACEMENT = [["s1", "s2"], ["s2", "s3"], ["s3", "s1"]]
+# THREE_LEADERS: shards 0, 1 and 2 led by s1, s2 and s3. Receives go to s1, which asks
+# s2 before s3 (in name order), and s2 is the one that hangs.
 QUEUE = "orders"
 WAIT_MS = 2_000
 
 
 @pytest.fixture
 def cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
-    yield from running(Cluster(tmp_path / "cluster", placement=PLACEMENT, lease_ms=60_000))
-
-
-def every_shard_led(stub: queue_pb2_grpc.QueueServiceStub) -> bool:
-    try:
-        attributes = stub.GetQueueAttributes(queue_pb2.GetQueueAttributesRequest(queue=QUEUE), timeout=5)
-    except grpc.RpcError:  # still starting
-        return False
-    return [shard.shard for shard in attributes.shards] == [0, 1, 2]
+    yield from running(Cluster(tmp_path / "cluster", placement=THREE_LEADERS, lease_ms=60_000))
 
 
 def send_to_shard_led_by_s3(stub: queue_pb2_grpc.QueueServiceStub, bodies: list[bytes]) -> None:

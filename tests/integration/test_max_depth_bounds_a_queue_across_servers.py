@@ -12,20 +12,10 @@ import pytest
 
 from shard_server.runtime.hosting import REMOTE_DEPTH_REFRESH_S
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
-from tests.support.clusters import Cluster, running
+from tests.support.clusters import THREE_LEADERS, Cluster, every_shard_led, running
 from tests.support.servers import wait_for
 
-# Three shards, each led by its placement's first server: s1, s2, s3.
-PLACEMENT = [["s1", "s2"], ["s2", "s3"], ["s3", "s1"]]
 QUEUE = "orders"
-
-
-def every_shard_led(stub: queue_pb2_grpc.QueueServiceStub) -> bool:
-    try:
-        attributes = stub.GetQueueAttributes(queue_pb2.GetQueueAttributesRequest(queue=QUEUE), timeout=5)
-    except grpc.RpcError:  # still starting
-        return False
-    return [shard.shard for shard in attributes.shards] == [0, 1, 2]
 
 
 @pytest.mark.timeout(120)
@@ -33,7 +23,8 @@ def test_a_leader_counts_the_shards_led_elsewhere_against_max_depth(tmp_path: pa
     """maxDepth bounds the queue across servers: s2's shard holds 8 of the 10 the queue
     may, and a batch of 2 through s1 to its own shard (1 there) is refused, s1 having
     counted s2's shard as s2 reported it (at most REMOTE_DEPTH_REFRESH_S before)."""
-    bounded = Cluster(tmp_path / "cluster", placement=PLACEMENT, spec={"max_depth": 10})
+    # Shards 0, 1 and 2 led by s1, s2 and s3.
+    bounded = Cluster(tmp_path / "cluster", placement=THREE_LEADERS, spec={"max_depth": 10})
     with (
         contextlib.contextmanager(running)(bounded) as cluster,
         grpc.insecure_channel(cluster.endpoint("s1")) as channel,

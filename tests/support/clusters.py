@@ -16,7 +16,10 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 
+import grpc
+
 from shardq import Client, Message, SendResult
+from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.coordination.cluster_map import (
     CLUSTER_FILE,
     ClusterMap,
@@ -37,6 +40,8 @@ from tests.support.servers import wait_for
 LEASE_MS = 1_500
 SERVERS = ("s1", "s2", "s3")
 PLACEMENT = [["s1", "s2", "s3"], ["s2", "s3", "s1"]]
+# Three shards, each led by its placement's first server: s1, s2, s3.
+THREE_LEADERS = [["s1", "s2"], ["s2", "s3"], ["s3", "s1"]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +158,16 @@ class Cluster:
         lease = self.leases.get(lease_name(ShardId("orders", shard)))
         assert lease is not None
         return lease
+
+
+def every_shard_led(stub: queue_pb2_grpc.QueueServiceStub, *, queue: str = "orders", shards: int = 3) -> bool:
+    """Whether the server behind `stub` counts every shard of `queue`: each has a leader
+    that answers (False while the servers start)."""
+    try:
+        attributes = stub.GetQueueAttributes(queue_pb2.GetQueueAttributesRequest(queue=queue), timeout=5)
+    except grpc.RpcError:
+        return False
+    return [shard.shard for shard in attributes.shards] == list(range(shards))
 
 
 def running(cluster: Cluster) -> Iterator[Cluster]:
