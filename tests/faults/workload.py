@@ -56,6 +56,9 @@ ROTATE_ON = frozenset({Reason.NOT_LEADER, Reason.UNAVAILABLE, Reason.SHUTTING_DO
 TIMEOUT = "TIMEOUT"
 BACKOFF_S = 0.05
 BACKOFF_MAX_S = 0.5
+# How long the final read tries a shard's export again (see _export_shard).
+READ_RETRY_S = 30.0
+READ_BACKOFF_S = 0.5
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -515,22 +518,35 @@ async def _read_stored(endpoints: Sequence[str], queues: Sequence[str], *, timeo
 
 
 async def _export_shard(candidates: Sequence[str], queue: str, shard: int, *, timeout: float) -> list[StoredMessage]:
-    failures: list[str] = []
-    for endpoint in candidates:
-        if not endpoint:
-            continue
-        async with grpc.aio.insecure_channel(endpoint) as channel:
-            stub = export_pb2_grpc.ExportServiceStub(channel)
-            request = export_pb2.ExportMessagesRequest(queue=queue, shard=shard, include_body=True)
+    """The shard's messages, exported from whichever candidate leads it. A leader answers
+    UNAVAILABLE ("retry") while its latest writes are not yet on every in-sync replica,
+    as right after a leadership move, and a move can make another server the leader
+    after DescribeQueue named one: as the Spark source does, such a read is tried again,
+    for up to READ_RETRY_S, before the run is failed."""
+    deadline = time.monotonic() + READ_RETRY_S
+    while True:
+        failures: list[str] = []  # the last round's, for the report
+        for endpoint in candidates:
+            if not endpoint:
+                continue
             try:
-                messages: list[StoredMessage] = []
-                async with asyncio.timeout(timeout):
-                    async for batch in stub.ExportMessages(request):
-                        messages += [
-                            StoredMessage(queue, m.message_id, m.body.decode(errors="replace"), m.group_id, m.dedup_id)
-                            for m in batch.messages
-                        ]
-                return messages
+                return await _export_from(endpoint, queue, shard, timeout=timeout)
             except (grpc.RpcError, TimeoutError) as error:
                 failures.append(f"{endpoint}: {error!r}")
-    raise AssertionError(f"could not export {queue} shard {shard}: {failures}")
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"could not export {queue} shard {shard} for {READ_RETRY_S} s: {failures}")
+        await asyncio.sleep(READ_BACKOFF_S)
+
+
+async def _export_from(endpoint: str, queue: str, shard: int, *, timeout: float) -> list[StoredMessage]:
+    async with grpc.aio.insecure_channel(endpoint) as channel:
+        stub = export_pb2_grpc.ExportServiceStub(channel)
+        request = export_pb2.ExportMessagesRequest(queue=queue, shard=shard, include_body=True)
+        messages: list[StoredMessage] = []
+        async with asyncio.timeout(timeout):
+            async for batch in stub.ExportMessages(request):
+                messages += [
+                    StoredMessage(queue, m.message_id, m.body.decode(errors="replace"), m.group_id, m.dedup_id)
+                    for m in batch.messages
+                ]
+        return messages
