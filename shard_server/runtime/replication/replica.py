@@ -168,6 +168,8 @@ class ShardReplica:
         self._reopen = reopen
         self._serving_until_ms = 0
         self._renewed_at_ms = 0
+        # Whether the lapse going on now (see _count_lapse) was counted.
+        self._lapse_counted = False
         self._match: dict[str, int] = {}
         self._progress_at: dict[str, int] = {}
         # (epoch, log index, future) of writes waiting to be replicated.
@@ -429,30 +431,60 @@ class ShardReplica:
         # request) then always has half a lease of slack.
         started = self._renewed_at_ms = monotonic_ms()
         try:
-            renewed = await asyncio.to_thread(self.leases.update, build_renewal(lease, now_ms=wall_ms()))
+            renewed = await self._renewal(lease)
+        finally:
+            metrics.LEASE_RENEWAL_SECONDS.observe((monotonic_ms() - started) / 1000)
+        if renewed is None:
+            return  # the old deadline stays in force
+        lapsed_at = self._serving_until_ms
+        if self.role is Role.LEADER and 0 < lapsed_at <= monotonic_ms():
+            self._count_lapse(f"its lease was renewed {monotonic_ms() - lapsed_at} ms after its serving deadline")
+        margin = renewed.duration_ms // 4
+        self._serving_until_ms = safe_serving_deadline_ms(
+            started, duration_ms=renewed.duration_ms, clock_skew_margin_ms=margin
+        )
+        # A renewal requested before the lapse can end past its new deadline too: the
+        # lapse goes on, and is counted once, until one requested since ends in time.
+        if monotonic_ms() < self._serving_until_ms:
+            self._lapse_counted = False
+
+    async def _renewal(self, lease: LeaseRecord) -> LeaseRecord | None:
+        """The lease renewed, or None if it changed hands or epochs meanwhile."""
+        try:
+            return await asyncio.to_thread(self.leases.update, build_renewal(lease, now_ms=wall_ms()))
         except LeaseConflict:
             # Often our own ISR update got in between: read again and retry once,
             # still counting from the first request's start.
             current = await asyncio.to_thread(self.leases.get, self.name)
             if current is None or current.holder != self.server_id or current.transitions != lease.transitions:
-                return  # the next watch steps down; the old deadline stays in force
+                return None  # the next watch steps down
             try:
-                renewed = await asyncio.to_thread(self.leases.update, build_renewal(current, now_ms=wall_ms()))
+                return await asyncio.to_thread(self.leases.update, build_renewal(current, now_ms=wall_ms()))
             except LeaseConflict:
-                return
-        margin = renewed.duration_ms // 4
-        self._serving_until_ms = safe_serving_deadline_ms(
-            started, duration_ms=renewed.duration_ms, clock_skew_margin_ms=margin
-        )
+                return None
 
-    async def step_down(self, why: str) -> None:
+    def _count_lapse(self, what: str) -> None:
+        """A leader found its serving deadline passed before a renewal succeeded: it served
+        nothing from that moment (`is_serving`). Counted, so that renewals too slow for the
+        lease (an overloaded API server) show before shards start failing over."""
+        if self._lapse_counted:
+            return
+        self._lapse_counted = True
+        metrics.LEASE_LAPSES.labels(self.shard.queue.config.name, str(self.shard.index)).inc()
+        log.warning("%s: stopped serving: %s", self.name, what)
+
+    async def step_down(self, why: str, *, handing_off: bool = False) -> None:
         if self.role is not Role.LEADER and self.role is not Role.PROMOTING:
             return
         log.warning("%s: stepping down: %s", self.name, why)
         if self.role is Role.LEADER:
-            self._leadership_changes("lost").inc()
+            if 0 < self._serving_until_ms <= monotonic_ms():
+                self._count_lapse("no renewal of its lease succeeded before its serving deadline")
+            if not handing_off:
+                self._leadership_changes("lost").inc()
         self.role = Role.FOLLOWER
         self._serving_until_ms = 0
+        self._lapse_counted = False
         # Fail waiting writes first, synchronously: nothing below may prevent it.
         self._fail_waiters()
         # A shipper may be the caller: never cancel (or wait for) the running task.
@@ -475,7 +507,18 @@ class ShardReplica:
             return ""
         epoch = self.shard.epoch
         match = dict(self._match)
-        await self.step_down("handing leadership off")
+        await self.step_down("handing leadership off", handing_off=True)
+        heir = await self._pass_lease(epoch, match)
+        if not heir:
+            self._leadership_changes("lost").inc()
+            return ""
+        self._leadership_changes("handed-off").inc()
+        log.info("%s: leadership handed to %s at epoch %d", self.name, heir, epoch + 1)
+        return heir
+
+    async def _pass_lease(self, epoch: int, match: dict[str, int]) -> str:
+        """Give the lease of `epoch` to the in-sync follower holding the most of the log;
+        its name, or "" when the lease moved on meanwhile or no follower may take it."""
         lease = await asyncio.to_thread(self.leases.get, self.name)
         if lease is None or lease.holder != self.server_id or lease.transitions != epoch:
             return ""
@@ -494,8 +537,6 @@ class ShardReplica:
             await asyncio.to_thread(self.leases.update, build_isr_change(taken, isr))
         except LeaseConflict:
             return ""
-        self._leadership_changes("handed-off").inc()
-        log.info("%s: leadership handed to %s at epoch %d", self.name, heir, epoch + 1)
         return heir
 
     def _fail_waiters(self) -> None:
