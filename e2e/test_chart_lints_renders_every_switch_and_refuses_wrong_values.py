@@ -22,6 +22,7 @@ ALERTS = {
     "ShardqShardUnderReplicated",
     "ShardqQueueFull",
     "ShardqOperatorNotReconciling",
+    "ShardqLeaseRenewalsSlow",
 }
 # What the defaults make: the operator, its rights, `helm test` and the uninstall hooks.
 DEFAULTS = {
@@ -132,6 +133,7 @@ def test_each_alert_can_be_turned_off_alone(binaries: Binaries) -> None:
         "ShardqShardUnderReplicated": "underReplicated",
         "ShardqQueueFull": "queueFull",
         "ShardqOperatorNotReconciling": "operatorNotReconciling",
+        "ShardqLeaseRenewalsSlow": "leaseRenewals",
     }
     for alert, key in keys.items():
         manifests = render(
