@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import pytest
 
 from shardq import Client, Message, ShardqError
-from shardq.coordination.fencing import build_isr_change, build_takeover, incarnations_of, is_expired
+from shardq.coordination.fencing import build_isr_change, build_takeover, incarnations_of, is_expired, isr_of
 from shardq.coordination.leases import LeaseRecord
 from shardq.coordination.placement import ShardId
 from shardq.coordination.takeovers import build_initial_lease
@@ -165,3 +165,31 @@ def test_a_holder_whose_data_saw_a_later_epoch_than_its_lease_leads(tmp_path: pa
         new = restart_under_a_lease_made_anew(cluster, epoch=1)
         assert cluster.leader_of(0).transitions > epoch
         assert received_through(cluster, "s1") == sorted(old + new)
+
+
+@pytest.mark.timeout(180)
+def test_a_holder_whose_data_saw_its_leases_epoch_led_by_another_leads_above_it(tmp_path: pathlib.Path) -> None:
+    old = [f"old-{i}".encode() for i in range(4)]  # with the rest, the 10 one receive takes
+    with pair_holding(tmp_path, old) as cluster:
+        # Leadership moves to s2 in epoch 2 while s1 runs: s1 follows s2 through epoch 2
+        # and takes s2's sends, so its data records epoch 2 as s2's.
+        lease = cluster.leader_of(0)
+        cluster.leases.update(build_takeover(lease, new_holder="s2", now_ms=now_ms(), duration_ms=LEASE_MS))
+        wait_for(lambda: "leading at epoch 2" in cluster.log("s2"), timeout=15, what="s2 to lead epoch 2")
+        second = [f"second-{i}".encode() for i in range(3)]
+        send_all(cluster, "s2", second)
+        # In the ISR once they are acknowledged: s1 holds them, appended in s2's epoch 2.
+        wait_for(lambda: "s1" in isr_of(cluster.leader_of(0)), timeout=15, what="s1 in s2's ISR")
+        assert "stepping down: s2 leads at epoch 2" in cluster.log("s1") or "held by s2 at epoch 2" in cluster.log("s1")
+        cluster.kill("s1")
+        cluster.kill("s2")
+        # The Lease is made anew with s1 holding epoch 2: an epoch s1's own data saw led
+        # by s2. s1 raises the lease before it leads, so no entry of s1's is ever written
+        # in s2's epoch: s2 follows on without being told of a second leader of epoch 2,
+        # and needs no copy of s1's state.
+        new = restart_under_a_lease_made_anew(cluster, epoch=2)
+        assert cluster.leader_of(0).transitions > 2
+        assert received_through(cluster, "s1") == sorted(old + second + new)
+        in_sync(cluster, "s2")
+    assert "leading at epoch 2" not in cluster.log("s1"), "s1 led the epoch its data saw s2 lead"
+    assert "bootstrapped from" not in cluster.log("s2"), "s2 was told of two leaders of one epoch"
