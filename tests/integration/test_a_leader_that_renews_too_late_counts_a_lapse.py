@@ -3,9 +3,9 @@ each lapse (the serving deadline passed before a renewal succeeded, so the shard
 nothing meanwhile) in `shardq_leader_lease_lapses_total`, log it, and time every renewal
 in `shardq_lease_renewal_duration_seconds`. Two real causes: the leader's process paused
 (SIGSTOP, as a starved or frozen pod), and the lease store itself paused (the real
-kube-apiserver SIGSTOPped, as an overloaded API server), the case where 256 shards x 2
-replicas on this machine made leaders lose their shards with nothing saying why. Servers
-whose renewals were on time count nothing."""
+kube-apiserver SIGSTOPped: it answers late, as an overloaded one does). Before, leaders
+that lost their shards this way said nothing. Servers whose renewals were on time count
+nothing."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def test_a_leader_paused_past_its_serving_deadline_counts_one_lapse(cluster: Clu
 
     wait_for(lambda: lapses(cluster, paused_leader, 0) >= 1, timeout=15, interval=0.2, what="the lapse counted")
     with Client(cluster.endpoint(paused_leader)) as client:
-        send_once_led(client, b"after the pause")  # it leads again: the late renewal took
+        send_once_led(client, b"after the pause")  # served again: the late renewal took
     assert lapses(cluster, paused_leader, 0) == 1
     assert lapses(cluster, other_leader, 1) == 0, "a leader that was never paused counted a lapse"
     assert "stopped serving" in cluster.log(paused_leader)
