@@ -119,3 +119,26 @@ def test_leaders_count_a_lapse_when_the_api_server_answers_their_renewals_too_la
     # too, and the lapse lasted until one asked for since ended in time.
     assert [lapses(cluster, leader, shard) for shard, leader in leaders.items()] == [1, 1]
     assert lapses(cluster, leaders[0], 1) + lapses(cluster, leaders[1], 0) == 0, "followers count no lapse"
+
+
+def test_a_leader_counts_its_lapse_while_the_api_server_still_does_not_answer(
+    kubernetes_cluster: Cluster, control_plane: ControlPlane
+) -> None:
+    """An API server that stays down: each renewal times out (the lease store's request
+    timeout), none succeeds, and the lapse is counted then, not only once one does."""
+    cluster = kubernetes_cluster
+    leader = leading(cluster)[0]
+    (api_server,) = [process for process in control_plane.processes if process.name == "kube-apiserver"]
+    pid = api_server.popen.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        # A renewal's request times out after DEFAULT_REQUEST_TIMEOUT_SECONDS (5 s).
+        wait_for(lambda: lapses(cluster, leader, 0) >= 1, timeout=15, interval=0.2, what="the lapse counted")
+        during = lapses(cluster, leader, 0)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    control_plane.ensure_running()
+    assert during == 1
+    with Client(cluster.endpoint(leader)) as client:
+        send_once_led(client, b"after the outage")
+    assert lapses(cluster, leader, 0) == 1, "the renewal that ended the lapse counted it again"

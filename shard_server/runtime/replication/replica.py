@@ -336,6 +336,10 @@ class ShardReplica:
             if not mine or lease.transitions != self.shard.epoch:
                 await self.step_down(f"lease now held by {lease.holder or 'nobody'} at epoch {lease.transitions}")
                 return
+            if 0 < self._serving_until_ms <= monotonic_ms():
+                # Counted now, not only once a renewal succeeds: an API server that stays
+                # down (each renewal timing out) would otherwise show no lapse at all.
+                self._count_lapse("no renewal of its lease has succeeded since its serving deadline")
             if monotonic_ms() - self._renewed_at_ms >= lease.duration_ms // 4:
                 await self._renew(lease)
             self._check_isr()
