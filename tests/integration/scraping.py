@@ -6,6 +6,10 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.clusters import SERVERS, Cluster
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
 
 def scrape_text(url: str) -> str:
     with urllib.request.urlopen(url, timeout=5) as response:
@@ -37,3 +41,18 @@ def value(found: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str,
 def scraped_total(url: str, name: str, **labels: str) -> float:
     """The sum of every sample called `name` whose labels include `labels`, scraped now."""
     return sum(values(samples(scrape_text(url)), name, **labels))
+
+
+def scrape_all(cluster: Cluster) -> dict[str, Samples]:
+    """Each of the cluster's servers s1..s3, scraped now (URLError while one starts)."""
+    return {server: samples(scrape_text(cluster.metrics_url(server))) for server in SERVERS}
+
+
+def leaders_by_shard(scraped: dict[str, Samples]) -> dict[str, list[str]]:
+    """The servers whose `shardq_shard_leader` is 1, by shard label."""
+    leaders: dict[str, list[str]] = {}
+    for server, found in scraped.items():
+        for (name, labels), flag in found.items():
+            if name == "shardq_shard_leader" and flag == 1:
+                leaders.setdefault(dict(labels)["shard"], []).append(server)
+    return leaders

@@ -18,7 +18,7 @@ import pytest
 
 from e2e.kubecluster import ControlPlane
 from shardq import Client
-from tests.integration.scraping import samples, scrape_text, values
+from tests.integration.scraping import Samples, leaders_by_shard, samples, scrape_all, scrape_text, values
 from tests.support.clusters import LEASE_MS, SERVERS, Cluster, send_once_led
 from tests.support.servers import wait_for
 
@@ -31,16 +31,8 @@ RENEWALS = "shardq_lease_renewal_duration_seconds_count"
 PAUSE_S = 2 * LEASE_MS / 1000
 
 
-def scraped(cluster: Cluster, server: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+def scraped(cluster: Cluster, server: str) -> Samples:
     return samples(scrape_text(cluster.metrics_url(server)))
-
-
-def serving_metrics(cluster: Cluster, server: str) -> bool:
-    try:
-        scrape_text(cluster.metrics_url(server))
-    except OSError:
-        return False  # still starting
-    return True
 
 
 def lapses(cluster: Cluster, server: str, shard: int) -> float:
@@ -55,16 +47,12 @@ def leading(cluster: Cluster) -> dict[int, str]:
     """Each shard of `orders` with its leader, once each is led by the lease's holder."""
 
     def led() -> dict[int, str] | None:
-        if not all(serving_metrics(cluster, server) for server in SERVERS):
-            return None
+        try:
+            flags = leaders_by_shard(scrape_all(cluster))
+        except OSError:
+            return None  # a server still starting
         holders = {shard: cluster.leader_of(shard).holder for shard in (0, 1)}
-        flags = {
-            shard: server
-            for server in SERVERS
-            for shard in (0, 1)
-            if values(scraped(cluster, server), "shardq_shard_leader", queue="orders", shard=str(shard)) == [1.0]
-        }
-        return holders if flags == holders else None
+        return holders if flags == {str(shard): [holder] for shard, holder in holders.items()} else None
 
     return wait_for(led, timeout=30, interval=0.2, what="both shards led")
 

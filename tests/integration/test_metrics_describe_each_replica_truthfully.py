@@ -20,7 +20,7 @@ from shardq import AsyncClient, Client, Message
 from shardq.api.v1 import replication_pb2, replication_pb2_grpc
 from shardq.coordination.fencing import build_takeover
 from shardq.errors import QueueFull
-from tests.integration.scraping import samples, scrape_text, value, values
+from tests.integration.scraping import leaders_by_shard, samples, scrape_all, scrape_text, value, values
 from tests.support.clusters import LEASE_MS, SERVERS, Cluster
 from tests.support.servers import ServerFactory, wait_for
 
@@ -156,19 +156,6 @@ def test_a_standalone_server_offers_no_replication_service(server_factory: Serve
         with pytest.raises(grpc.RpcError) as refused:
             stub.GetReplicaStatus(replication_pb2.GetReplicaStatusRequest(), timeout=5)
     assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
-
-
-def scrape_all(cluster: Cluster) -> dict[str, dict[tuple[str, frozenset[tuple[str, str]]], float]]:
-    return {server: samples(scrape_text(cluster.metrics_url(server))) for server in SERVERS}
-
-
-def leaders_by_shard(scraped: dict[str, dict[tuple[str, frozenset[tuple[str, str]]], float]]) -> dict[str, list[str]]:
-    leaders: dict[str, list[str]] = {}
-    for server, found in scraped.items():
-        for (name, labels), flag in found.items():
-            if name == "shardq_shard_leader" and flag == 1:
-                leaders.setdefault(dict(labels)["shard"], []).append(server)
-    return leaders
 
 
 @pytest.mark.timeout(120)

@@ -168,7 +168,7 @@ class ShardReplica:
         self._reopen = reopen
         self._serving_until_ms = 0
         self._renewed_at_ms = 0
-        # Whether the lapse going on now (see _count_lapse) was counted.
+        # Whether the lapse going on now (see _count_lapse_if_any) was counted.
         self._lapse_counted = False
         self._match: dict[str, int] = {}
         self._progress_at: dict[str, int] = {}
@@ -336,10 +336,9 @@ class ShardReplica:
             if not mine or lease.transitions != self.shard.epoch:
                 await self.step_down(f"lease now held by {lease.holder or 'nobody'} at epoch {lease.transitions}")
                 return
-            if 0 < self._serving_until_ms <= monotonic_ms():
-                # Counted now, not only once a renewal succeeds: an API server that stays
-                # down (each renewal timing out) would otherwise show no lapse at all.
-                self._count_lapse("no renewal of its lease has succeeded since its serving deadline")
+            # Counted now, not only once a renewal succeeds: an API server that stays
+            # down (each renewal timing out) would otherwise show no lapse at all.
+            self._count_lapse_if_any("no renewal of its lease has succeeded since")
             if monotonic_ms() - self._renewed_at_ms >= lease.duration_ms // 4:
                 await self._renew(lease)
             self._check_isr()
@@ -440,9 +439,7 @@ class ShardReplica:
             metrics.LEASE_RENEWAL_SECONDS.observe((monotonic_ms() - started) / 1000)
         if renewed is None:
             return  # the old deadline stays in force
-        lapsed_at = self._serving_until_ms
-        if self.role is Role.LEADER and 0 < lapsed_at <= monotonic_ms():
-            self._count_lapse(f"its lease was renewed {monotonic_ms() - lapsed_at} ms after its serving deadline")
+        self._count_lapse_if_any("its lease was renewed only now")
         margin = renewed.duration_ms // 4
         self._serving_until_ms = safe_serving_deadline_ms(
             started, duration_ms=renewed.duration_ms, clock_skew_margin_ms=margin
@@ -467,23 +464,24 @@ class ShardReplica:
             except LeaseConflict:
                 return None
 
-    def _count_lapse(self, what: str) -> None:
-        """A leader found its serving deadline passed before a renewal succeeded: it served
-        nothing from that moment (`is_serving`). Counted, so that renewals too slow for the
-        lease (an overloaded API server) show before shards start failing over."""
-        if self._lapse_counted:
-            return
+    def _count_lapse_if_any(self, what: str) -> None:
+        """Count a lapse when this leader's serving deadline has passed before a renewal
+        succeeded: it served nothing from that moment (`is_serving`). Counted once per
+        lapse, so that renewals too slow for the lease (an overloaded API server) show
+        before shards start failing over."""
+        late_ms = monotonic_ms() - self._serving_until_ms
+        if self._serving_until_ms == 0 or late_ms < 0 or self._lapse_counted:
+            return  # not leading (0), serving still, or counted
         self._lapse_counted = True
         metrics.LEASE_LAPSES.labels(self.shard.queue.config.name, str(self.shard.index)).inc()
-        log.warning("%s: stopped serving: %s", self.name, what)
+        log.warning("%s: stopped serving: %s, %d ms past its serving deadline", self.name, what, late_ms)
 
     async def step_down(self, why: str, *, handing_off: bool = False) -> None:
         if self.role is not Role.LEADER and self.role is not Role.PROMOTING:
             return
         log.warning("%s: stepping down: %s", self.name, why)
         if self.role is Role.LEADER:
-            if 0 < self._serving_until_ms <= monotonic_ms():
-                self._count_lapse("no renewal of its lease succeeded before its serving deadline")
+            self._count_lapse_if_any("no renewal of its lease had succeeded")
             if not handing_off:
                 self._leadership_changes("lost").inc()
         self.role = Role.FOLLOWER
