@@ -45,8 +45,11 @@ from shardq.receipts import MalformedReceipt, Receipt, decode_receipt, encode_re
 log = logging.getLogger(__name__)
 
 _SHARD_DIR = re.compile(r"shard-(\d+)")
-# How stale the depth of shards led elsewhere may be when max_depth is checked.
+# How old the depth of shards led elsewhere may grow before a send checking max_depth
+# asks their leaders again (in the background: the send goes on with the last reports).
 REMOTE_DEPTH_REFRESH_S = 1.0
+# How long a leader elsewhere has to report its shards' depth.
+REMOTE_DEPTH_WITHIN_S = 2.0
 # How often a waiting receiver in a cluster asks the other leaders again.
 REMOTE_POLL_MS = 250
 # What one receive may claim, in message bytes: the response must stay under
@@ -122,6 +125,8 @@ class HostedQueue:
         # Depth of shards led elsewhere, as their leaders last reported (max_depth).
         self._remote_depth: dict[int, int] = {}
         self._remote_depth_read_at = 0.0
+        self._remote_depth_reading: asyncio.Task[None] | None = None
+        self._remote_depth_reported = False
         self.map_size = map_size
         self.writers = writers
         self.shards: list[HostedShard] = []
@@ -197,32 +202,58 @@ class HostedQueue:
         """Messages held by the queue's shards other than `target` (for max_depth).
 
         Shards led here are read now; shards led elsewhere count as their leaders
-        last reported, at most REMOTE_DEPTH_REFRESH_S ago. Concurrent sends to
-        different shards may each miss the other's batch: the queue may then
-        exceed max_depth by up to one batch per shard.
+        last reported. Reports older than REMOTE_DEPTH_REFRESH_S are asked for
+        again in the background, all leaders at once; only the first reports are
+        waited for. Before, the send that found them old asked each leader in turn
+        and waited: a hung leader (a frozen pod) held one send a second for 2 s,
+        two hung leaders for 4. Concurrent sends to different shards may each miss
+        the other's batch: the queue may then exceed max_depth by up to one batch
+        per shard.
         """
         local = sum(shard.message_count() for shard in self.shards if shard.index != target and shard.is_local_leader())
         if self.router is None:
             return local
         if time.monotonic() - self._remote_depth_read_at >= REMOTE_DEPTH_REFRESH_S:
-            self._remote_depth_read_at = time.monotonic()
-            await self._read_remote_depth()
+            reading = self._remote_depth_read()
+            if not self._remote_depth_reported:
+                # Shielded: a caller that goes away does not end the reading for the others.
+                await asyncio.shield(reading)
         remote = sum(
             depth for index, depth in self._remote_depth.items() if index != target and self.leader_here(index) is None
         )
         return local + remote
 
+    def _remote_depth_read(self) -> asyncio.Task[None]:
+        """The reading of the remote leaders' reports under way, started if none is."""
+        if self._remote_depth_reading is None or self._remote_depth_reading.done():
+            self._remote_depth_read_at = time.monotonic()
+            self._remote_depth_reading = asyncio.create_task(self._read_remote_depth())
+        return self._remote_depth_reading
+
     async def _read_remote_depth(self) -> None:
-        assert self.router is not None
-        for leader in self.remote_leaders():
-            try:
-                answer = await self.router.calls.queue_attributes(leader, self.config.name, timeout_s=2)
-            except ShardqError:
+        router = self.router
+        assert router is not None
+        reports = await asyncio.gather(
+            *(
+                router.calls.queue_attributes(leader, self.config.name, timeout_s=REMOTE_DEPTH_WITHIN_S)
+                for leader in self.remote_leaders()
+            ),
+            return_exceptions=True,
+        )
+        for report in reports:
+            if isinstance(report, ShardqError):
                 continue  # keep its last report
-            for shard in answer.shards:
+            if isinstance(report, BaseException):
+                # No send waits for a later reading: logged here, or nowhere.
+                log.error(
+                    "queue %r: reading the depth of shards led elsewhere failed", self.config.name, exc_info=report
+                )
+                continue
+            for shard in report.shards:
                 self._remote_depth[shard.shard] = (
                     shard.visible + shard.in_flight + shard.delayed + shard.dead_letter_pending
                 )
+        self._remote_depth_reported = True
 
     def _open_batch_shard(self, start: int) -> int:
         """The shard for an unkeyed send: see _send."""
@@ -857,6 +888,8 @@ class HostedQueue:
 
     async def close(self) -> None:
         self.closed = True
+        if self._remote_depth_reading is not None:
+            self._remote_depth_reading.cancel()
         self.wake()  # long polls wake, and find the queue closed
         for shard in self.shards:
             await shard.committer.close()
