@@ -8,6 +8,7 @@ import os
 import pathlib
 import signal
 import time
+from collections.abc import Callable, Iterator
 
 import grpc
 import pytest
@@ -18,18 +19,16 @@ from tests.support.clusters import THREE_LEADERS, Cluster, every_shard_led, runn
 from tests.support.servers import wait_for
 
 QUEUE = "orders"
+Send = Callable[[int, int], queue_pb2.SendMessagesResponse]
 
 
-@pytest.mark.timeout(120)
-def test_a_leader_counts_the_shards_led_elsewhere_against_max_depth(tmp_path: pathlib.Path) -> None:
-    """maxDepth bounds the queue across servers: s2's shard holds 8 of the 10 the queue
-    may, and a batch of 2 through s1 to its own shard (1 there) is refused, s1 having
-    counted s2's shard as s2 reported it (at most REMOTE_DEPTH_REFRESH_S before)."""
-    # Shards 0, 1 and 2 led by s1, s2 and s3.
-    bounded = Cluster(tmp_path / "cluster", placement=THREE_LEADERS, spec={"max_depth": 10})
+@contextlib.contextmanager
+def bounded_through_s1(cluster: Cluster, *, deadline_s: float) -> Iterator[tuple[Cluster, Send]]:
+    """The running cluster, once every shard is led, and a send of `count` messages to a
+    shard through s1 with a deadline of `deadline_s`."""
     with (
-        contextlib.contextmanager(running)(bounded) as cluster,
-        grpc.insecure_channel(cluster.endpoint("s1")) as channel,
+        contextlib.contextmanager(running)(cluster) as started,
+        grpc.insecure_channel(started.endpoint("s1")) as channel,
     ):
         stub = queue_pb2_grpc.QueueServiceStub(channel)
         wait_for(lambda: every_shard_led(stub), timeout=30, what="every shard led")
@@ -38,11 +37,22 @@ def test_a_leader_counts_the_shards_led_elsewhere_against_max_depth(tmp_path: pa
             request = queue_pb2.SendMessagesRequest(
                 queue=QUEUE, shard=shard, messages=[queue_pb2.MessageToSend(body=b"m")] * count
             )
-            return stub.SendMessages(request, timeout=10)
+            return stub.SendMessages(request, timeout=deadline_s)
 
+        yield started, send
+
+
+@pytest.mark.timeout(120)
+def test_a_leader_counts_the_shards_led_elsewhere_against_max_depth(tmp_path: pathlib.Path) -> None:
+    """maxDepth bounds the queue across servers: s2's shard holds 8 of the 10 the queue
+    may, and a batch of 2 through s1 to its own shard (1 there) is refused, s1 having
+    counted s2's shard as s2 last reported it."""
+    # Shards 0, 1 and 2 led by s1, s2 and s3.
+    bounded = Cluster(tmp_path / "cluster", placement=THREE_LEADERS, spec={"max_depth": 10})
+    with bounded_through_s1(bounded, deadline_s=10) as (_, send):
         assert all(result.message_id for result in send(1, 8).results)  # forwarded to s2
         time.sleep(REMOTE_DEPTH_REFRESH_S)
-        assert send(0, 1).results[0].message_id  # asks s2 for its depth
+        assert send(0, 1).results[0].message_id  # s1's first reports: s2's shard holds 8
         time.sleep(REMOTE_DEPTH_REFRESH_S)
         with pytest.raises(grpc.RpcError) as refused:
             send(0, 2)
@@ -63,19 +73,7 @@ def test_a_hung_leader_elsewhere_does_not_hold_up_sends_to_a_bounded_queue(tmp_p
     report, which still counts against maxDepth. Before, the send that found the reports
     old asked s2 and waited REMOTE_DEPTH_WITHIN_S for it, one send a second."""
     bounded = Cluster(tmp_path / "cluster", placement=HUNG_S2, spec={"max_depth": 100}, lease_ms=20_000)
-    with (
-        contextlib.contextmanager(running)(bounded) as cluster,
-        grpc.insecure_channel(cluster.endpoint("s1")) as channel,
-    ):
-        stub = queue_pb2_grpc.QueueServiceStub(channel)
-        wait_for(lambda: every_shard_led(stub), timeout=30, what="every shard led")
-
-        def send(shard: int, count: int) -> queue_pb2.SendMessagesResponse:
-            request = queue_pb2.SendMessagesRequest(
-                queue=QUEUE, shard=shard, messages=[queue_pb2.MessageToSend(body=b"m")] * count
-            )
-            return stub.SendMessages(request, timeout=SEND_DEADLINE_S)
-
+    with bounded_through_s1(bounded, deadline_s=SEND_DEADLINE_S) as (cluster, send):
         assert all(result.message_id for result in send(1, 8).results)  # forwarded to s2
         time.sleep(REMOTE_DEPTH_REFRESH_S)
         assert send(0, 1).results[0].message_id  # s1's first reports: s2's shard holds 8
