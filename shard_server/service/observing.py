@@ -29,25 +29,6 @@ def _code_name(context: Context, *, failed: bool, cancelled: bool = False) -> st
     return grpc.StatusCode.UNKNOWN.name if failed else grpc.StatusCode.OK.name
 
 
-async def _read_to_the_end(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
-    """The client's requests; at their end, one more read tells a client that closed its
-    side from one that vanished.
-
-    grpc.aio ends the requests of a vanished client (SIGKILLed, its connection reset)
-    as it ends those of a client that closed its side: a handler then finishes the
-    stream as if asked to, and it was counted OK. The call is cancelled too, but that
-    reaches the handler's task separately, and under load (a CI run; 2 runs in 28 of a
-    test on a machine kept busy) only after the handler had finished. The read below
-    is answered at once either way (end of stream, or failed); gRPC delivers answers
-    in order, so a vanished client's cancellation, which came before, has been
-    delivered by then, and the handler ends cancelled (0 runs in 85 counted OK)."""
-    async for request in requests:
-        yield request
-    # Not once the handler has ended the call (aborted it): reads then raise.
-    if not context.done():
-        await context.read()
-
-
 def _short_method(full: str) -> str:
     # "/shardq.api.v1.QueueService/SendMessages" -> "QueueService/SendMessages"
     return full.rsplit(".", 1)[-1] if full.startswith("/") else full
@@ -94,13 +75,9 @@ class ObservingInterceptor(grpc.aio.ServerInterceptor):
             # grpc.aio runs coroutine and async-generator behaviours; its stubs type them as sync.
             behaviour = cast(StreamBehaviour, handler.unary_stream or handler.stream_stream)
 
-            requests_streamed = handler.stream_stream is not None
-
             async def streamed(request: Any, context: Context) -> AsyncIterator[Any]:
                 streams.inc()
                 failed = cancelled = False
-                if requests_streamed:
-                    request = _read_to_the_end(request, context)
                 try:
                     # Closed at once when the call ends early, not whenever the
                     # collector gets to it: handlers release resources in `finally`.

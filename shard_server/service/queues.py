@@ -419,7 +419,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             pending.add(task)
             task.add_done_callback(pending.discard)
 
-        reading = RequestReading(request_iterator, take, pending, answers.put_nowait)
+        reading = RequestReading(request_iterator, context, take, pending, answers.put_nowait)
         reader = reading.task
         stop_reading = reading.stop
         self._request_streams.add(stop_reading)
@@ -569,7 +569,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                     unwritten.add()
                     outgoing.put_nowait(frame)
 
-        reading = RequestReading(request_iterator, take, acks, outgoing.put_nowait)
+        reading = RequestReading(request_iterator, context, take, acks, outgoing.put_nowait)
         reader = reading.task
         pusher = asyncio.create_task(push_messages())
 
