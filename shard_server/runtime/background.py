@@ -16,6 +16,7 @@ from shard_server.domain.context import ShardContext
 from shard_server.domain.messages import Delivery, NewMessage, format_message_id
 from shard_server.domain.validation import RESERVED_ATTRIBUTE_PREFIX
 from shard_server.runtime.committing import wall_clock_ms
+from shard_server.runtime.forwarding import LEADER_AWAY_REASONS, shards_away
 from shard_server.runtime.hosted_shards import HostedShard
 from shard_server.runtime.hosting import HostedQueue
 from shard_server.runtime.queue_hosts import QueueHost
@@ -196,9 +197,6 @@ REDRIVE_WAITS_LEASES = 5
 # Between tries at such a shard: a few route refreshes (ROUTE_REFRESH_S), so a new
 # leader is asked soon after its lease names it.
 REDRIVE_RETRY_S = 0.5
-# What a shard's leader answers, or what asking it raises, while it is away or being
-# replaced. Anything else (the queue deleted, a refused request) ends the redrive at once.
-LEADER_AWAY_REASONS = frozenset({Reason.NOT_LEADER, Reason.UNAVAILABLE, Reason.OUTCOME_UNKNOWN, Reason.SHUTTING_DOWN})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -248,18 +246,21 @@ async def _count_messages(queue: HostedQueue) -> tuple[int, dict[int, ShardqErro
     }
     unanswered: dict[int, ShardqError] = {}
     if queue.router is not None:
-        for leader in queue.remote_leaders():
-            try:
-                remote = await queue.router.calls.queue_attributes(leader, queue.config.name, timeout_s=10)
-            except ShardqError as error:
-                if error.reason not in LEADER_AWAY_REASONS:
-                    raise
-                for index in range(queue.config.shards):
-                    if queue.router.leader_of(queue.config.name, index)[0] == leader:
-                        unanswered[index] = error
-                continue
-            for shard in remote.shards:
-                counted.setdefault(shard.shard, shard.visible + shard.in_flight + shard.delayed)
+        calls = queue.router.calls
+        leaders = queue.remote_leaders()
+        # All leaders at once: a hung one costs the count one timeout, not one each.
+        answers = await asyncio.gather(
+            *(calls.queue_attributes(leader, queue.config.name, timeout_s=10) for leader in leaders),
+            return_exceptions=True,
+        )
+        for leader, answer in zip(leaders, answers, strict=True):
+            if isinstance(answer, ShardqError) and answer.reason in LEADER_AWAY_REASONS:
+                unanswered.update(dict.fromkeys(queue.shards_led_by(leader), answer))
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                for shard in answer.shards:
+                    counted.setdefault(shard.shard, shard.visible + shard.in_flight + shard.delayed)
     for index in range(queue.config.shards):
         if index not in counted and index not in unanswered:
             unanswered[index] = _no_leader(queue, index) or NotLeader(
@@ -309,14 +310,6 @@ async def _claim_in_turn(queue: HostedQueue, shards: list[int], *, max_messages:
     return found
 
 
-def _shards_away(source: str, unanswered: dict[int, ShardqError]) -> str:
-    """`source shard 0 (UNAVAILABLE)`, `source shards 0 (UNAVAILABLE), 2 (NOT_LEADER)`."""
-    # Reasons only: the transport's own words ("Connection refused", "Deadline Exceeded")
-    # would read, at the CLI, as though the server it called were the one down.
-    shards = ", ".join(f"{index} ({error.reason.value})" for index, error in unanswered.items())
-    return f"{source} shard{'s' if len(unanswered) > 1 else ''} {shards}"
-
-
 def _log_unanswered(source: str, unanswered: dict[int, ShardqError], *, now: str) -> None:
     for index, error in unanswered.items():
         log.warning("redrive from %s: the leader of shard %d did not answer (%s); %s", source, index, error, now)
@@ -353,7 +346,7 @@ async def redrive(
             _log_unanswered(source, uncounted, now="not starting")
             raise Unavailable(
                 f"redrive from {source} to {destination} did not start: no leader counted "
-                f"{_shards_away(source, uncounted)} for {loop.time() - counting_since:.0f}s; "
+                f"{shards_away(source, uncounted)} for {loop.time() - counting_since:.0f}s; "
                 "run it again after the failover"
             )
         await asyncio.sleep(REDRIVE_RETRY_S)
@@ -397,7 +390,7 @@ async def redrive(
             yield RedriveProgress(moved, max(target - moved, 0), done=False)
             raise Unavailable(
                 f"redrive from {source} to {destination} stopped: no leader answered for "
-                f"{_shards_away(source, unanswered)} in {now - stalled_since:.0f}s; the messages there stay "
+                f"{shards_away(source, unanswered)} in {now - stalled_since:.0f}s; the messages there stay "
                 "in the queue: run the redrive again after the failover"
             )
         if stalled_since is not None:

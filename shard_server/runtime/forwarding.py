@@ -23,7 +23,7 @@ from shardq.channel_options import RESOLVE_AGAIN_WITHIN_HALF_A_SECOND
 from shardq.coordination.cluster_map import ClusterMap, lease_name
 from shardq.coordination.leases import LeaseStore
 from shardq.coordination.placement import ShardId
-from shardq.errors import Reason, Unavailable
+from shardq.errors import Reason, ShardqError, Unavailable
 from shardq.receive_shares import split_shares
 from shardq.status import build_error, error_from_rpc, never_sent, unknown_if_sent
 
@@ -38,6 +38,14 @@ ROUTE_REFRESH_S = 0.2
 # UNANSWERED_LEADER_SKIPPED_S: each hung leader once cost every receive 10 s, in turn.
 REMOTE_SHORT_POLL_S = 2.0
 UNANSWERED_LEADER_SKIPPED_S = 5.0
+# How long the other leaders have to purge their shards (all asked at once). Under the
+# client's default deadline (30 s), so that with a hung leader the caller still hears
+# which shards were purged and which were not, rather than DEADLINE_EXCEEDED alone.
+REMOTE_PURGE_WITHIN_S = 20.0
+# What a shard's leader answers, or what asking it raises, while it is away or being
+# replaced: the shard is named as not done, to be tried again. Anything else (the
+# queue deleted, a refused request) is the caller's answer as it stands.
+LEADER_AWAY_REASONS = frozenset({Reason.NOT_LEADER, Reason.UNAVAILABLE, Reason.OUTCOME_UNKNOWN, Reason.SHUTTING_DOWN})
 # Peers restart and fail over within seconds: reconnect quickly rather than
 # with gRPC's default backoff, which grows to two minutes.
 PEER_CHANNEL_OPTIONS = [
@@ -256,7 +264,7 @@ class LeaderCalls:
     async def purge(self, leader: str, queue: str) -> int:
         request = queue_pb2.PurgeQueueRequest(queue=queue)
         try:
-            response = await self._stub(leader).PurgeQueue(request, metadata=FORWARDED, timeout=30)
+            response = await self._stub(leader).PurgeQueue(request, metadata=FORWARDED, timeout=REMOTE_PURGE_WITHIN_S)
         except grpc.RpcError as error:
             raise error_from_rpc(error, queue=queue) from None
         return response.purged
@@ -268,3 +276,11 @@ class LeaderCalls:
             return await self._stub(leader).GetQueueAttributes(request, metadata=FORWARDED, timeout=timeout_s)
         except grpc.RpcError as error:
             raise error_from_rpc(error, queue=queue) from None
+
+
+def shards_away(queue: str, away: dict[int, ShardqError]) -> str:
+    """`orders shard 0 (UNAVAILABLE)`, `orders shards 0 (UNAVAILABLE), 2 (NOT_LEADER)`."""
+    # Reasons only: the transport's own words ("Connection refused", "Deadline Exceeded")
+    # would read, at the CLI, as though the server the caller called were the one down.
+    shards = ", ".join(f"{index} ({error.reason.value})" for index, error in sorted(away.items()))
+    return f"{queue} shard{'s' if len(away) > 1 else ''} {shards}"

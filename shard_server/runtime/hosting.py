@@ -28,7 +28,7 @@ from shard_server.domain.receiving import ClaimedMessage
 from shard_server.domain.routing import choose_shard
 from shard_server.domain.sending import SendOutcome
 from shard_server.runtime.committing import Work, WriterThreads, wall_clock_ms
-from shard_server.runtime.forwarding import LeaderCalls, LeaderUnreachable, Router
+from shard_server.runtime.forwarding import LEADER_AWAY_REASONS, LeaderCalls, LeaderUnreachable, Router, shards_away
 from shard_server.runtime.hosted_shards import HostedShard
 from shard_server.storage import replica_log
 from shard_server.storage.lmdb_store import (
@@ -38,7 +38,7 @@ from shard_server.storage.lmdb_store import (
 )
 from shard_server.storage.queue_directories import claim_queue_directory, held_uid
 from shardq.api.v1 import queue_pb2
-from shardq.errors import InvalidArgument, NotLeader, QueueNotFound, Reason, ShardqError
+from shardq.errors import InvalidArgument, NotLeader, QueueNotFound, Reason, ShardqError, Unavailable
 from shardq.queues import QueueConfig
 from shardq.receipts import MalformedReceipt, Receipt, decode_receipt, encode_receipt
 
@@ -308,6 +308,16 @@ class HostedQueue:
         leaders.discard(self.router.server_id)
         return sorted(leaders)
 
+    def shards_led_by(self, leader: str) -> list[int]:
+        """The shards of this queue the routes name `leader` the leader of, but not led here."""
+        if self.router is None:
+            return []
+        return [
+            index
+            for index in range(self.config.shards)
+            if self.leader_here(index) is None and self.router.leader_of(self.config.name, index)[0] == leader
+        ]
+
     # -- waking long pollers ---------------------------------------------------
     def wake(self) -> None:
         if not self._waiters:
@@ -564,8 +574,23 @@ class HostedQueue:
             # before its commit is seen by a peek that follows it.
             found.local += await hosted.committer.run_exclusive(look)
         if not forwarded and shard is None:
-            for leader in self.leaders_to_ask():
-                found.remote += await self._peek_remote(leader, max_messages, None)
+            # All leaders at once: a hung one costs the peek one short poll, not one each.
+            # One that does not answer is left out, as a receive leaves it (and the next
+            # peeks skip it for a while): the others' messages are still shown.
+            leaders = self.leaders_to_ask()
+            for leader, shown in zip(
+                leaders,
+                await asyncio.gather(
+                    *(self._peek_remote(leader, max_messages, None) for leader in leaders), return_exceptions=True
+                ),
+                strict=True,
+            ):
+                if isinstance(shown, ShardqError):
+                    log.info("queue %r: peek left out the shards led by %s: %s", self.config.name, leader, shown)
+                elif isinstance(shown, BaseException):
+                    raise shown
+                else:
+                    found.remote += shown
         return found
 
     async def _peek_remote(self, leader: str, max_messages: int, shard: int | None) -> list[queue_pb2.ReceivedMessage]:
@@ -871,9 +896,34 @@ class HostedQueue:
         if not forwarded:
             metrics.PURGES.labels(self.config.name).inc()
         total = sum(counts)
-        if not forwarded and self.router is not None:
-            for leader in self.remote_leaders():
-                total += await self.router.calls.purge(leader, self.config.name)
+        if forwarded or self.router is None:
+            return total
+        calls, leaders = self.router.calls, self.remote_leaders()
+        # All leaders at once: a hung one costs the purge one timeout, not one each, and a
+        # leader that fails does not keep the leaders after it from purging their shards.
+        answers = await asyncio.gather(
+            *(calls.purge(leader, self.config.name) for leader in leaders), return_exceptions=True
+        )
+        purged_elsewhere: set[int] = set()
+        away: dict[int, ShardqError] = {}
+        for leader, answer in zip(leaders, answers, strict=True):
+            if isinstance(answer, ShardqError) and answer.reason in LEADER_AWAY_REASONS:
+                away.update(dict.fromkeys(self.shards_led_by(leader), answer))
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                total += answer
+                purged_elsewhere.update(self.shards_led_by(leader))
+        for index in range(self.config.shards):
+            if self.leader_here(index) is None and index not in purged_elsewhere and index not in away:
+                # No leader known (its lease lapsed a moment ago): nobody was asked.
+                away[index] = Unavailable(f"no leader of queue {self.config.name!r} shard {index} is known")
+        if away:
+            # Not a success that reads as an empty queue: the caller is told what is left.
+            raise Unavailable(
+                f"purge of {self.config.name!r} removed {total} messages but did not reach "
+                f"{shards_away(self.config.name, away)}: their messages remain; purge again after the failover"
+            )
         return total
 
     async def until_committed(self) -> None:
