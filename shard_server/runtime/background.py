@@ -247,15 +247,15 @@ async def _count_messages(queue: HostedQueue) -> tuple[int, dict[int, ShardqErro
     unanswered: dict[int, ShardqError] = {}
     if queue.router is not None:
         calls = queue.router.calls
-        leaders = queue.remote_leaders()
+        led_by = {leader: queue.shards_led_by(leader) for leader in queue.remote_leaders()}
         # All leaders at once: a hung one costs the count one timeout, not one each.
         answers = await asyncio.gather(
-            *(calls.queue_attributes(leader, queue.config.name, timeout_s=10) for leader in leaders),
+            *(calls.queue_attributes(leader, queue.config.name, timeout_s=10) for leader in led_by),
             return_exceptions=True,
         )
-        for leader, answer in zip(leaders, answers, strict=True):
+        for shards, answer in zip(led_by.values(), answers, strict=True):
             if isinstance(answer, ShardqError) and answer.reason in LEADER_AWAY_REASONS:
-                unanswered.update(dict.fromkeys(queue.shards_led_by(leader), answer))
+                unanswered.update(dict.fromkeys(shards, answer))
             elif isinstance(answer, BaseException):
                 raise answer
             else:

@@ -898,24 +898,27 @@ class HostedQueue:
         total = sum(counts)
         if forwarded or self.router is None:
             return total
-        calls, leaders = self.router.calls, self.remote_leaders()
+        calls = self.router.calls
+        # Who leads what as the purge is asked (the routes may change while it runs).
+        led_by = {leader: self.shards_led_by(leader) for leader in self.remote_leaders()}
         # All leaders at once: a hung one costs the purge one timeout, not one each, and a
         # leader that fails does not keep the leaders after it from purging their shards.
         answers = await asyncio.gather(
-            *(calls.purge(leader, self.config.name) for leader in leaders), return_exceptions=True
+            *(calls.purge(leader, self.config.name) for leader in led_by), return_exceptions=True
         )
         purged_elsewhere: set[int] = set()
         away: dict[int, ShardqError] = {}
-        for leader, answer in zip(leaders, answers, strict=True):
+        for shards, answer in zip(led_by.values(), answers, strict=True):
             if isinstance(answer, ShardqError) and answer.reason in LEADER_AWAY_REASONS:
-                away.update(dict.fromkeys(self.shards_led_by(leader), answer))
+                away.update(dict.fromkeys(shards, answer))
             elif isinstance(answer, BaseException):
                 raise answer
             else:
                 total += answer
-                purged_elsewhere.update(self.shards_led_by(leader))
+                purged_elsewhere.update(shards)
+        purged_here = {shard.index for shard in local}
         for index in range(self.config.shards):
-            if self.leader_here(index) is None and index not in purged_elsewhere and index not in away:
+            if index not in purged_here and index not in purged_elsewhere and index not in away:
                 # No leader known (its lease lapsed a moment ago): nobody was asked.
                 away[index] = Unavailable(f"no leader of queue {self.config.name!r} shard {index} is known")
         if away:
