@@ -3,10 +3,13 @@
 one holding the leader Lease, serving /metrics); the chart's ShardqCluster and example
 Queues become Ready; `helm test` sends and receives through its test Queue; and `helm
 uninstall` leaves only what the user chose to keep (the CRDs, and the servers' volumes
-with retainOnDelete): the operator's leader Lease and the kept `helm test` Pod go too."""
+with retainOnDelete): the operator's leader Lease and the kept `helm test` Pod go too.
+Before that, Queues made by hand make `helm uninstall` refuse, deleting nothing and
+naming them, until they are deleted or the release is set to leave them unserved."""
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.request
 from typing import Any
@@ -24,6 +27,8 @@ pytestmark = [pytest.mark.realnode, pytest.mark.timeout(600)]
 
 GROUP, VERSION = "shardq.io", "v1alpha1"
 RELEASE = "shardq"
+# Queues made by hand (kubectl apply): on the release's cluster, and on a cluster of the user's.
+ON_OURS, ELSEWHERE = "made-by-hand", "on-another-cluster"
 READY_S = 240.0
 SERVERS = 3
 
@@ -78,6 +83,54 @@ def leftovers(api: client.ApiClient, namespace: str) -> dict[str, list[str]]:
     for plural in ("shardqclusters", "queues", "shards"):
         found[plural] = sorted(item["metadata"]["name"] for item in custom_objects(api, namespace, plural))
     return {kind: items for kind, items in found.items() if items}
+
+
+def refused_uninstall(api: client.ApiClient, binaries: Binaries, kube: tuple[str, ...], namespace: str) -> str:
+    """Run `helm uninstall`, which must be refused by the pre-delete hook: what it said."""
+    refused = helm(binaries, "uninstall", RELEASE, *kube, "--wait", "--timeout", "2m", timeout=180)
+    assert refused.returncode != 0, refused.stdout
+    assert "pre-delete" in refused.stderr, refused.stderr
+    core = client.CoreV1Api(api)
+    # This run's Job: the one before it, deleted by helm, may still have its pod for a moment.
+    job = client.BatchV1Api(api).read_namespaced_job(f"{RELEASE}-cleanup-pre-delete", namespace)
+    (pod,) = core.list_namespaced_pod(namespace, label_selector=f"controller-uid={job.metadata.uid}").items
+    said: str = core.read_namespaced_pod_log(pod.metadata.name, namespace)
+    # Nothing of the release was deleted: its Queues stay, served by its operator.
+    assert ready_queues(api, namespace) >= {"orders", "orders-dlq", "helm-test"}
+    return said
+
+
+def leave_others_made_by_hand(api: client.ApiClient, binaries: Binaries, kube: tuple[str, ...], namespace: str) -> None:
+    """Queues made by hand stop `helm uninstall` before it deletes anything, naming them: one
+    on the release's cluster until it is deleted; one elsewhere (whose cluster, made by
+    hand, would go unserved) until it is deleted or the release is set to leave it."""
+    custom = client.CustomObjectsApi(api)
+    for name, cluster in ((ON_OURS, "default"), (ELSEWHERE, "made-by-hand")):
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, "queues",
+            {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Queue", "metadata": {"name": name},
+             "spec": {"cluster": cluster, "shards": 1, "replicas": 1}},
+        )  # fmt: skip
+    said = refused_uninstall(api, binaries, kube, namespace)
+    assert f"queues {namespace}/{ON_OURS}, which this release did not make, are on its ShardqCluster default" in said
+    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "queues", ON_OURS)
+    wait_for(
+        lambda: ON_OURS not in {q["metadata"]["name"] for q in custom_objects(api, namespace, "queues")},
+        timeout=120,
+        what=f"Queue {ON_OURS} deleted by the operator",
+    )
+    said = refused_uninstall(api, binaries, kube, namespace)
+    assert f"the operator still serves queues {namespace}/{ELSEWHERE}, which this release did not make" in said
+    # The way out the refusal names: back to deployed, then set to leave them.
+    (last,) = json.loads(helm(binaries, "history", RELEASE, *kube, "-o", "json", "--max", "1").stdout)
+    assert last["status"] == "uninstalling", last
+    rolled_back = helm(binaries, "rollback", RELEASE, str(last["revision"]), *kube, timeout=120)
+    assert rolled_back.returncode == 0, rolled_back.stderr
+    upgraded = helm(
+        binaries, "upgrade", RELEASE, str(CHART), *kube, "--reuse-values", "--set", "cleanup.leaveOtherClusters=true",
+        timeout=120,
+    )  # fmt: skip
+    assert upgraded.returncode == 0, upgraded.stderr
 
 
 def release_cluster_objects(api: client.ApiClient, release: str = RELEASE) -> list[str]:
@@ -169,9 +222,19 @@ def test_the_chart_installs_serves_passes_helm_test_and_uninstalls_cleanly(
             assert "PASS: sent, received and deleted message" in tested.stdout, tested.stdout
             print(f"chart on the real node: helm test took {time.monotonic() - tested_at:.1f}s")
             uninstall_at = time.monotonic()
+            leave_others_made_by_hand(api, binaries, kube, namespace)
             removed = helm(binaries, "uninstall", RELEASE, *kube, "--wait", "--timeout", "4m", timeout=300)
             assert removed.returncode == 0, removed.stdout + removed.stderr
-            print(f"chart on the real node: helm uninstall took {time.monotonic() - uninstall_at:.1f}s")
+            # Left without an operator as asked: its finalizer, if any, is lifted by hand.
+            custom = client.CustomObjectsApi(api)
+            custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, "queues", ELSEWHERE, {"metadata": {"finalizers": None}}
+            )
+            custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "queues", ELSEWHERE)
+            print(
+                "chart on the real node: two refused uninstalls, a rollback, an upgrade and helm uninstall "
+                f"took {time.monotonic() - uninstall_at:.1f}s"
+            )
             # Only the servers' volumes stay (retainOnDelete, the default); pods take a moment to go.
             kept = {"persistentvolumeclaims": [f"data-default-shardq-{n}" for n in range(SERVERS)]}
             # The shard Leases belong to the cluster: the garbage collector takes them with it.

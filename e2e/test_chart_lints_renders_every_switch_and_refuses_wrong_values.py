@@ -38,6 +38,9 @@ DEFAULTS = {
     ("ServiceAccount", "shardq-cleanup"),
     ("Role", "shardq-cleanup"),
     ("RoleBinding", "shardq-cleanup"),
+    # To list the Queues and ShardqClusters others made in every namespace served.
+    ("ClusterRole", "shardq-cleanup"),
+    ("ClusterRoleBinding", "shardq-cleanup"),
     ("Job", "shardq-cleanup-pre-delete"),
     ("Job", "shardq-cleanup-post-delete"),
 }
@@ -96,11 +99,17 @@ def test_each_switch_adds_exactly_its_resources(binaries: Binaries, switch: str,
                 ("ServiceAccount", "shardq-cleanup"),
                 ("Role", "shardq-cleanup"),
                 ("RoleBinding", "shardq-cleanup"),
+                ("ClusterRole", "shardq-cleanup"),
+                ("ClusterRoleBinding", "shardq-cleanup"),
                 ("Job", "shardq-cleanup-pre-delete"),
                 ("Job", "shardq-cleanup-post-delete"),
             },
         ),
         ("operator.podDisruptionBudget.enabled=false", {("PodDisruptionBudget", "shardq-operator")}),
+        (
+            "cleanup.leaveOtherClusters=true",
+            {("ClusterRole", "shardq-cleanup"), ("ClusterRoleBinding", "shardq-cleanup")},
+        ),
     ],
 )
 def test_each_default_part_can_be_switched_off(binaries: Binaries, switch: str, removed: set[tuple[str, str]]) -> None:
@@ -150,8 +159,17 @@ def test_watching_named_namespaces_binds_the_rights_there_only(binaries: Binarie
     names = kinds_and_names(manifests)
     assert ("ClusterRoleBinding", "shardq-operator") not in names
     bindings = sorted(m["metadata"]["namespace"] for m in manifests if m["kind"] == "RoleBinding")
-    # The served namespaces, the release's (the leader Lease), and the cleanup hook's.
-    assert bindings == sorted(["shop", "billing", NAMESPACE, NAMESPACE])
+    # The served namespaces, the release's (the leader Lease), and the cleanup hook's: in
+    # the release's, and in each served one to look for Queues and clusters others made.
+    assert bindings == sorted(["shop", "billing", NAMESPACE, NAMESPACE, "shop", "billing"])
+    assert ("ClusterRoleBinding", "shardq-cleanup") not in names
+    (looking,) = [m for m in manifests if m["kind"] == "Role" and m["metadata"]["namespace"] == "shop"]
+    assert looking["rules"] == [
+        {"apiGroups": ["shardq.io"], "resources": ["queues", "shardqclusters"], "verbs": ["list"]}
+    ]
+    pre_delete = next(m for m in manifests if m["metadata"]["name"] == "shardq-cleanup-pre-delete")
+    # The namespaces served, whether to leave others' clusters, and the release's cluster (none).
+    assert pre_delete["spec"]["template"]["spec"]["containers"][0]["args"][-3:] == ["shop,billing", "false", ""]
     (container,) = only(manifests, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert "--namespace=shop" in container["args"]
     assert "--namespace=billing" in container["args"]
