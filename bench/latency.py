@@ -28,6 +28,9 @@ is recorded. Phases, in order, for each C:
   worker.consumer  run_consumer with concurrency C (its default prefetch) and a handler that
                    returns at once: its C workers take, handle and delete; a call is one
                    message, its latency a worker's cycle, from one handler start to its next
+  worker.pop       C consumers, each receiving one message at a time with delete_on_receive
+                   (pgmq's pop: deleted in the receive's commit, at most once); a call is
+                   one message
 
 With C=4 the send and worker phases are the issue's "4 producers / 4 consumers, one call
 in flight each". Each phase runs --ops calls in all (at least 4 per caller) or
@@ -87,6 +90,7 @@ PHASES = (
     "worker.stream",
     "worker.shared",
     "worker.consumer",
+    "worker.pop",
 )
 
 
@@ -261,6 +265,16 @@ async def measure_at(
             return len(messages)
 
         results.append(await run_phase("worker", concurrency, worker_calls, server, work))
+        await drain(client, queue)
+
+    if "worker.pop" in phases:
+        pops = max(total, 10 * concurrency)
+        await fill(client, queue, payload, pops)
+
+        async def pop(_: int) -> int:
+            return len(await client.receive_messages(queue, max_messages=1, delete_on_receive=True))
+
+        results.append(await run_phase("worker.pop", concurrency, pops, server, pop))
         await drain(client, queue)
 
     # The consumer loops, each over a queue filled for it (untimed) and drained after.

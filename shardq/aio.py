@@ -627,26 +627,46 @@ class AsyncClient:
         max_messages: int = 10,
         visibility_timeout_ms: int | None = None,
         wait_time_ms: int = 0,
+        delete_on_receive: bool = False,
     ) -> list[ReceivedMessage]:
         """Claim up to `max_messages`, long-polling up to `wait_time_ms` for the first.
 
         Concurrent short polls (`wait_time_ms` 0) of one queue with the same visibility
         timeout share a request, as deletes do: the server claims each caller's share
         as that caller's own receive would, in the same commits. Long polls go alone:
-        a shared one would hold every caller until the slowest share ended."""
+        a shared one would hold every caller until the slowest share ended.
+
+        `delete_on_receive`: the messages are deleted as they are received, in the same
+        commit (at most once, as pgmq's pop or AMQP's auto-ack): never handed out again,
+        even if this call fails after the server acted, so such a failure raises
+        OutcomeUnknown and is not retried. Their receipts are empty. Such receives go alone."""
         _check_receive_count(max_messages)
         _check_duration("visibility_timeout_ms", visibility_timeout_ms)
         _check_duration("wait_time_ms", wait_time_ms)
+        if delete_on_receive:
+            return (
+                await self._receive_now(
+                    queue, visibility_timeout_ms, [max_messages], wait_time_ms=wait_time_ms, delete_on_receive=True
+                )
+            )[0]
         if wait_time_ms == 0 and 1 <= max_messages <= MAX_RECEIVE_BATCH:
             return await self._receiver(queue, visibility_timeout_ms).add(max_messages)
         return (await self._receive_now(queue, visibility_timeout_ms, [max_messages], wait_time_ms=wait_time_ms))[0]
 
     async def _receive_now(
-        self, queue: str, visibility_timeout_ms: int | None, shares: list[int], *, wait_time_ms: int = 0
+        self,
+        queue: str,
+        visibility_timeout_ms: int | None,
+        shares: list[int],
+        *,
+        wait_time_ms: int = 0,
+        delete_on_receive: bool = False,
     ) -> list[list[ReceivedMessage]]:
         """One receive request: a plain one for one caller, a shared one for several."""
         if len(shares) == 1:
-            request = queue_pb2.ReceiveMessagesRequest(queue=queue, max_messages=shares[0], wait_time_ms=wait_time_ms)
+            request = queue_pb2.ReceiveMessagesRequest(
+                queue=queue, max_messages=shares[0], wait_time_ms=wait_time_ms, delete_on_receive=delete_on_receive
+            )
         else:
             request = queue_pb2.ReceiveMessagesRequest(queue=queue, shares=shares)
         if visibility_timeout_ms is not None:
@@ -654,14 +674,20 @@ class AsyncClient:
         # The deadline leaves room for the server's long poll to end first.
         timeout = wait_time_ms / 1000 + 30
         routes = await self._routes_for(queue)
+        # A receive that deletes is not repeated: the first may have deleted what it took.
+        idempotent = not delete_on_receive
         if routes is None:
-            response = await self._unary(self._stub.ReceiveMessages, request, queue=queue, timeout=timeout)
+            response = await self._unary(
+                self._stub.ReceiveMessages, request, queue=queue, timeout=timeout, idempotent=idempotent
+            )
         else:
             # Each leader serves its own shards first and asks the others when empty:
             # rotating over leaders spreads receivers without starving any shard.
             leaders = sorted(set(routes.leaders) - {""})
             address = leaders[next(self._round_robin) % len(leaders)]
-            response = await self._routed(queue, address, "ReceiveMessages", request, idempotent=True, timeout=timeout)
+            response = await self._routed(
+                queue, address, "ReceiveMessages", request, idempotent=idempotent, timeout=timeout
+            )
         received = received_from_proto(response)
         return [received] if len(shares) == 1 else split_shares(response, received, len(shares))
 

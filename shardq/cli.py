@@ -391,13 +391,29 @@ def send(
 @click.option("--wait", type=DURATION, default=0, help="long-poll up to this long")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per line")
 @click.option("--peek", is_flag=True, help="look without claiming: no receipts, nothing changes")
+@click.option(
+    "--delete",
+    "delete_on_receive",
+    is_flag=True,
+    help="delete what is received in the same commit (at most once: no receipts, never handed out again)",
+)
 @fail_cleanly
 def receive(
-    endpoint: str, queue: str, max_messages: int, visibility: int | None, wait: int, as_json: bool, peek: bool
+    endpoint: str,
+    queue: str,
+    max_messages: int,
+    visibility: int | None,
+    wait: int,
+    as_json: bool,
+    peek: bool,
+    delete_on_receive: bool,
 ) -> None:
-    """Receive messages; each stays invisible to others until its visibility timeout."""
+    """Receive messages; each stays invisible to others until its visibility timeout
+    (with --delete, each is deleted as it is received)."""
     if max_messages < 1:
         raise click.BadParameter("must be at least 1", param_hint="--max")
+    if peek and delete_on_receive:
+        raise click.UsageError("--peek changes nothing: it cannot be used with --delete")
     if peek and max_messages > MAX_RECEIVE_BATCH:
         # A receive pages past one call's limit because each page claims what it returns;
         # a peek claims nothing, so a second call would show the same messages again.
@@ -418,24 +434,32 @@ def receive(
         return
     with Client(endpoint) as client:
         # The server hands out at most MAX_RECEIVE_BATCH per call: page until --max or empty
-        # (only the first call long-polls).
-        messages: list[ReceivedMessage] = []
-        while len(messages) < max_messages:
+        # (only the first call long-polls). Each page is shown as it comes: with --delete, a
+        # later page's failure must not take the earlier pages' messages with it.
+        received = 0
+        while received < max_messages:
             page = client.receive_messages(
                 queue,
-                max_messages=min(max_messages - len(messages), MAX_RECEIVE_BATCH),
+                max_messages=min(max_messages - received, MAX_RECEIVE_BATCH),
                 visibility_timeout_ms=visibility,
-                wait_time_ms=0 if messages else wait,
+                wait_time_ms=0 if received else wait,
+                delete_on_receive=delete_on_receive,
             )
             if not page:
                 break
-            messages += page
-    for message in messages:
-        if as_json:
-            click.echo(json.dumps(message_to_json(message)))
-        else:
-            text = body_to_json(message.body)
-            click.echo(f"{message.message_id}\t{text.get('body', text.get('body_base64'))}\t{message.receipt}")
+            received += len(page)
+            for message in page:
+                _show_received(message, as_json=as_json, receipt=not delete_on_receive)
+
+
+def _show_received(message: ReceivedMessage, *, as_json: bool, receipt: bool) -> None:
+    if as_json:
+        shown = message_to_json(message)
+        click.echo(json.dumps(shown if receipt else {k: v for k, v in shown.items() if k != "receipt"}))
+    else:
+        text = body_to_json(message.body)
+        line = f"{message.message_id}\t{text.get('body', text.get('body_base64'))}"
+        click.echo(f"{line}\t{message.receipt}" if receipt else line)
 
 
 def _report_entries(kind: str, results: list[Any]) -> None:

@@ -108,11 +108,21 @@ class Client:
         )
 
     def receive_messages(
-        self, queue: str, *, max_messages: int = 10, visibility_timeout_ms: int | None = None, wait_time_ms: int = 0
+        self,
+        queue: str,
+        *,
+        max_messages: int = 10,
+        visibility_timeout_ms: int | None = None,
+        wait_time_ms: int = 0,
+        delete_on_receive: bool = False,
     ) -> list[ReceivedMessage]:
         return self._run(
             self._async.receive_messages(
-                queue, max_messages=max_messages, visibility_timeout_ms=visibility_timeout_ms, wait_time_ms=wait_time_ms
+                queue,
+                max_messages=max_messages,
+                visibility_timeout_ms=visibility_timeout_ms,
+                wait_time_ms=wait_time_ms,
+                delete_on_receive=delete_on_receive,
             )
         )
 

@@ -11,6 +11,7 @@ import dataclasses
 from shard_server.domain.context import ShardContext, commit_event
 from shard_server.domain.events import ChangeKind, DeliveryChanged, RemovalKind, Removed
 from shard_server.domain.messages import Delivery, DeliveryState
+from shard_server.domain.receiving import ClaimedMessage
 from shard_server.domain.store import ShardStore
 from shard_server.domain.transitions import Action, next_state, require_transition
 from shardq.errors import Reason
@@ -43,6 +44,15 @@ def delete_message(store: ShardStore, context: ShardContext, receipt: Receipt, *
     event = Removed(RemovalKind.DELETED, checked.seq, checked.sent_at_ms)
     commit_event(store, context, event, now_ms=now_ms, current=checked)
     return None
+
+
+def delete_claimed(store: ShardStore, context: ShardContext, claimed: list[ClaimedMessage], *, now_ms: int) -> None:
+    """Delete messages claimed in this same transaction (a receive that deletes what it
+    receives): their claims are live by construction, so no receipt is checked."""
+    for message in claimed:
+        require_transition(message.delivery.state, Action.DELETE)
+        event = Removed(RemovalKind.DELETED, message.record.seq, message.delivery.sent_at_ms)
+        commit_event(store, context, event, now_ms=now_ms, current=message.delivery)
 
 
 def change_visibility(

@@ -190,15 +190,17 @@ class LeaderCalls:
         wait_ms: int = 0,
         shard: int | None = None,
         peek: bool = False,
+        delete_on_receive: bool = False,
     ) -> list[queue_pb2.ReceivedMessage]:
-        """Messages the leader claimed (or, with `peek`, showed) for this call; they pass
-        through to the client as the leader encoded them."""
+        """Messages the leader claimed (or, with `peek`, showed; with `delete_on_receive`,
+        deleted) for this call; they pass through to the client as the leader encoded them."""
         request = queue_pb2.ReceiveMessagesRequest(
             queue=queue,
             max_messages=max_messages,
             visibility_timeout_ms=visibility_timeout_ms,
             wait_time_ms=wait_ms,
             peek=peek,
+            delete_on_receive=delete_on_receive,
         )
         if shard is not None:
             request.shard = shard
@@ -226,7 +228,12 @@ class LeaderCalls:
         except grpc.RpcError as error:
             if error.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
                 self._router.note_unanswered(leader)
-            raise error_from_rpc(error, queue=queue) from None
+            failure = error_from_rpc(error, queue=queue)
+            if request.delete_on_receive:
+                # Sent, then cut off or out of time: the leader may have deleted what it
+                # received for the call, and those messages are handed out no more.
+                failure = unknown_if_sent(error, failure, "the receive forwarded to the shard's leader failed")
+            raise failure from None
         self._router.note_answered(leader)
         return response
 

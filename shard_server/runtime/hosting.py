@@ -444,8 +444,10 @@ class HostedQueue:
         wait_ms: int,
         shard: int | None = None,
         forwarded: bool = False,
+        delete_on_receive: bool = False,
     ) -> Received:
-        """Claim up to max_messages, long-polling up to wait_ms for the first.
+        """Claim up to max_messages, long-polling up to wait_ms for the first; with
+        `delete_on_receive`, delete them in the same commit and answer once it is durable.
 
         Local leader shards are tried first; a server with nothing to hand out
         asks the other leaders (without waiting) before it waits itself.
@@ -457,6 +459,7 @@ class HostedQueue:
                 wait_ms=wait_ms,
                 shard=shard,
                 forwarded=forwarded,
+                delete_on_receive=delete_on_receive,
             )
 
     async def receive_shares(
@@ -514,28 +517,39 @@ class HostedQueue:
         return [Received([], part) for part in parts]
 
     async def _receive(
-        self, *, max_messages: int, visibility_timeout_ms: int, wait_ms: int, shard: int | None, forwarded: bool
+        self,
+        *,
+        max_messages: int,
+        visibility_timeout_ms: int,
+        wait_ms: int,
+        shard: int | None,
+        forwarded: bool,
+        delete_on_receive: bool,
     ) -> Received:
+        remote = functools.partial(self._receive_remote, delete_on_receive=delete_on_receive)
         if shard is not None and self.leader_here(shard) is None:
             if forwarded or self.router is None:
                 raise self.not_leader(shard)
             leader = self._leader_elsewhere(shard)
-            return Received([], await self._receive_remote(leader, max_messages, visibility_timeout_ms, wait_ms, shard))
+            return Received([], await remote(leader, max_messages, visibility_timeout_ms, wait_ms, shard))
         deadline = wall_clock_ms() + wait_ms
         while True:
             if self.closed:
                 raise QueueNotFound(self.config.name)  # deleted while this call waited
             local = [s for s in self.shards if s.is_local_leader() and (shard is None or s.index == shard)]
             (claimed,) = await self._claim_now(
-                local, [_Wanted(max_messages, RECEIVE_BYTES_BUDGET)], visibility_timeout_ms
+                local,
+                [_Wanted(max_messages, RECEIVE_BYTES_BUDGET)],
+                visibility_timeout_ms,
+                delete_on_receive=delete_on_receive,
             )
             if claimed:
                 return Received(claimed, [])
             if not forwarded and shard is None:
                 for leader in self.leaders_to_ask():
-                    remote = await self._receive_remote(leader, max_messages, visibility_timeout_ms, 0, None)
-                    if remote:
-                        return Received([], remote)
+                    elsewhere = await remote(leader, max_messages, visibility_timeout_ms, 0, None)
+                    if elsewhere:
+                        return Received([], elsewhere)
             now = wall_clock_ms()
             if now >= deadline:
                 return Received([], [])
@@ -600,7 +614,14 @@ class HostedQueue:
         )
 
     async def _receive_remote(
-        self, leader: str, max_messages: int, visibility_timeout_ms: int, wait_ms: int, shard: int | None
+        self,
+        leader: str,
+        max_messages: int,
+        visibility_timeout_ms: int,
+        wait_ms: int,
+        shard: int | None,
+        *,
+        delete_on_receive: bool = False,
     ) -> list[queue_pb2.ReceivedMessage]:
         assert self.router is not None
         try:
@@ -611,17 +632,28 @@ class HostedQueue:
                 visibility_timeout_ms=visibility_timeout_ms,
                 wait_ms=wait_ms,
                 shard=shard,
+                delete_on_receive=delete_on_receive,
             )
-        except ShardqError:
+        except ShardqError as error:
             if shard is not None:
+                raise
+            if delete_on_receive and error.reason is Reason.OUTCOME_UNKNOWN:
+                # The leader may have deleted what it received for this call: the caller
+                # must hear that, not an empty answer that reads as nothing lost.
                 raise
             return []  # that leader is unreachable: the others may still serve
 
     async def _claim_now(
-        self, shards: list[HostedShard], wants: list[_Wanted], visibility_timeout_ms: int
+        self,
+        shards: list[HostedShard],
+        wants: list[_Wanted],
+        visibility_timeout_ms: int,
+        *,
+        delete_on_receive: bool = False,
     ) -> list[list[tuple[HostedShard, ClaimedMessage]]]:
         """Claim now from `shards`, for each of `wants` in order (a receive, or the shares
-        of a shared one), as many messages as it wants within its bytes: what each claimed."""
+        of a shared one), as many messages as it wants within its bytes: what each claimed.
+        With `delete_on_receive`, deleted in the same commit, answered once it is durable."""
         claimed: list[list[tuple[HostedShard, ClaimedMessage]]] = [[] for _ in wants]
         if not shards:
             return claimed  # none led here (cluster mode): the caller asks their leaders
@@ -647,10 +679,17 @@ class HostedQueue:
                 continue  # led elsewhere since the caller listed it
             # Queued now, not from a task of its own a loop turn later: receives made in
             # the same turn then find this batch still taking requests, and share it.
-            submitted = shard.committer.enqueue(
-                functools.partial(_claim, wants=rest, visibility_timeout_ms=visibility_timeout_ms),
-                answer_before_commit=_newest_seq,
-            )
+            if delete_on_receive:
+                # No answer before the commit: a crash would bring back a message its caller
+                # was handed as deleted, and it would be handed out again.
+                submitted = shard.committer.enqueue(
+                    functools.partial(_claim_and_delete, wants=rest, visibility_timeout_ms=visibility_timeout_ms)
+                )
+            else:
+                submitted = shard.committer.enqueue(
+                    functools.partial(_claim, wants=rest, visibility_timeout_ms=visibility_timeout_ms),
+                    answer_before_commit=_newest_seq,
+                )
             try:
                 outcomes = await asyncio.shield(submitted)
             except ShardqError:
@@ -662,14 +701,18 @@ class HostedQueue:
             except asyncio.CancelledError:
                 # The caller went away (a client cancelled, a consumer stream closed):
                 # what this call claimed, and what the claim in flight will claim,
-                # becomes visible again now instead of at its visibility timeout.
-                self._give_back([message for messages in claimed for message in messages])
-                submitted.add_done_callback(functools.partial(self._give_back_outcomes, shard))
+                # becomes visible again now instead of at its visibility timeout (unless
+                # deleted as received: at most once, so those are gone).
+                if not delete_on_receive:
+                    self._give_back([message for messages in claimed for message in messages])
+                    submitted.add_done_callback(functools.partial(self._give_back_outcomes, shard))
                 raise
             for position, outcome in zip(wanting, outcomes, strict=True):
                 claimed_bytes[position] += outcome.claimed_bytes
                 claimed[position].extend((shard, message) for message in outcome.claimed)
             self._count_claims(shard, outcomes)
+            if delete_on_receive:
+                shard.deleted.inc(sum(len(outcome.claimed) for outcome in outcomes))
             wanting = [
                 position
                 for position in wanting
@@ -975,6 +1018,16 @@ def _claim(
         )
         for want in wants
     ]
+
+
+def _claim_and_delete(
+    tx: LmdbShardTransaction, context: ShardContext, now: int, *, wants: list[_Wanted], visibility_timeout_ms: int
+) -> list[receiving.ReceiveOutcome]:
+    """_claim, then the claimed messages deleted in the same transaction (delete_on_receive)."""
+    outcomes = _claim(tx, context, now, wants=wants, visibility_timeout_ms=visibility_timeout_ms)
+    for outcome in outcomes:
+        acknowledging.delete_claimed(tx, context, outcome.claimed, now_ms=now)
+    return outcomes
 
 
 def _newest_seq(outcomes: list[receiving.ReceiveOutcome]) -> int:

@@ -192,6 +192,8 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             if request.wait_time_ms:
                 # Once taken and ignored: a caller believed its peek long-polled.
                 raise InvalidArgument("wait_time_ms", "a peek answers at once and does not wait: give 0")
+            if request.delete_on_receive:
+                raise InvalidArgument("delete_on_receive", "a peek changes nothing: it cannot delete")
             peeked = await queue.peek(
                 max_messages=request.max_messages,
                 shard=_pinned_shard(request, queue.config.shards),
@@ -204,15 +206,27 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             wait_ms=request.wait_time_ms,
             shard=_pinned_shard(request, queue.config.shards),
             forwarded=is_forwarded(context),
+            delete_on_receive=request.delete_on_receive,
         )
-        return received_to_proto(received)
+        response = received_to_proto(received)
+        if request.delete_on_receive:
+            for message in response.messages:  # deleted: nothing left to act on
+                message.receipt = ""
+                message.visible_until_ms = 0
+        return response
 
     async def _receive_shares(
         self, queue: HostedQueue, request: queue_pb2.ReceiveMessagesRequest, context: Context
     ) -> queue_pb2.ReceiveMessagesResponse:
         """Several receivers' short polls in one request (shardq.receive_shares)."""
         shares = list(request.shares)
-        validate_shares(shares, max_messages=request.max_messages, wait_ms=request.wait_time_ms, peek=request.peek)
+        validate_shares(
+            shares,
+            max_messages=request.max_messages,
+            wait_ms=request.wait_time_ms,
+            peek=request.peek,
+            delete_on_receive=request.delete_on_receive,
+        )
         visibility = resolve_visibility_timeout(queue.config, "visibility_timeout_ms", _visibility_asked(request))
         parts = await queue.receive_shares(
             shares,

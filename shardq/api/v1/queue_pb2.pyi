@@ -278,6 +278,7 @@ class ReceiveMessagesRequest(_message.Message):
     SHARD_FIELD_NUMBER: _builtins.int
     PEEK_FIELD_NUMBER: _builtins.int
     SHARES_FIELD_NUMBER: _builtins.int
+    DELETE_ON_RECEIVE_FIELD_NUMBER: _builtins.int
     queue: _builtins.str
     max_messages: _builtins.int
     visibility_timeout_ms: _builtins.int
@@ -289,6 +290,12 @@ class ReceiveMessagesRequest(_message.Message):
     peek: _builtins.bool
     """Look without claiming: the messages a receive would hand out now, without
     receipts; nothing changes (receive counts, visibility). No long polling.
+    """
+    delete_on_receive: _builtins.bool
+    """Delete what is received, in the same commit (pgmq's pop, AMQP's auto-ack): at most
+    once. A message so received is never handed out again, even if the answer never
+    reaches the caller (a cut connection, a cancelled call); its receipt is empty.
+    The answer comes only once the deletes are durable. Not with peek or shares.
     """
     @_builtins.property
     def shares(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
@@ -308,10 +315,11 @@ class ReceiveMessagesRequest(_message.Message):
         shard: _builtins.int | None = ...,
         peek: _builtins.bool = ...,
         shares: _abc.Iterable[_builtins.int] | None = ...,
+        delete_on_receive: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_shard", b"_shard", "_visibility_timeout_ms", b"_visibility_timeout_ms", "shard", b"shard", "visibility_timeout_ms", b"visibility_timeout_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_shard", b"_shard", "_visibility_timeout_ms", b"_visibility_timeout_ms", "max_messages", b"max_messages", "peek", b"peek", "queue", b"queue", "shard", b"shard", "shares", b"shares", "visibility_timeout_ms", b"visibility_timeout_ms", "wait_time_ms", b"wait_time_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_shard", b"_shard", "_visibility_timeout_ms", b"_visibility_timeout_ms", "delete_on_receive", b"delete_on_receive", "max_messages", b"max_messages", "peek", b"peek", "queue", b"queue", "shard", b"shard", "shares", b"shares", "visibility_timeout_ms", b"visibility_timeout_ms", "wait_time_ms", b"wait_time_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__shard: _TypeAlias = _typing.Literal["shard"]  # noqa: Y015
     _WhichOneofArgType__shard: _TypeAlias = _typing.Literal["_shard", b"_shard"]  # noqa: Y015
