@@ -80,6 +80,13 @@ class ReferenceQueue:
             got.append((message.seq, message.token))
         return got
 
+    def pop(self, count: int, now: int) -> list[tuple[int, int]]:
+        """A receive that deletes what it receives: a receive, then those messages gone."""
+        got = self.receive(count, 30, now)
+        for seq, _ in got:
+            del self.messages[seq]
+        return got
+
     def check(self, seq: int, token: int, now: int) -> RefMessage | Reason:
         message = self.messages.get(seq)
         if message is None:
@@ -151,6 +158,17 @@ class ShardVersusReference(RuleBasedStateMachine):
         )
         expected = self.reference.receive(count, visibility, self.now)
         assert [(c.receipt.seq, c.receipt.claim_token) for c in outcome.claimed] == expected
+        self.receipts.extend(c.receipt for c in outcome.claimed)
+
+    @rule(count=st.integers(1, 4))
+    def receive_deleting(self, count: int) -> None:
+        outcome = receiving.receive_messages(
+            self.store, self.context, max_messages=count, visibility_timeout_ms=30, now_ms=self.now
+        )
+        acknowledging.delete_claimed(self.store, self.context, outcome.claimed, now_ms=self.now)
+        expected = self.reference.pop(count, self.now)
+        assert [(c.receipt.seq, c.receipt.claim_token) for c in outcome.claimed] == expected
+        # Kept to act on later: each must now be refused, as the reference refuses it.
         self.receipts.extend(c.receipt for c in outcome.claimed)
 
     @precondition(lambda self: bool(self.receipts))
