@@ -478,6 +478,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--label", default="default", help="names the output file latency-LABEL.json")
     parser.add_argument("--out", type=pathlib.Path, default=None, help="directory to write latency-LABEL.json")
+    parser.add_argument("--plot", action="store_true", help="with --out, also latency-LABEL.png: p50s and rates")
     args = parser.parse_args(argv)
     unknown = set(args.phases) - set(PHASES)
     if unknown:
@@ -535,7 +536,36 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
     }
     reports.emit(report, args.out, f"latency-{args.label}.json")
+    if args.plot and args.out is not None:
+        plot(args.out / f"latency-{args.label}.png", results)
     return 0
+
+
+def plot(path: pathlib.Path, results: list[dict[str, Any]]) -> None:
+    """Per concurrency, each phase's p50 (but `worker`'s, a receive and its ten deletes,
+    which would dwarf the rest) beside its rate (messages per second for the worker
+    loops, calls per second otherwise)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    concurrencies = sorted({cell["concurrency"] for cell in results})
+    figure, axes = plt.subplots(len(concurrencies), 2, figsize=(13, 3.4 * len(concurrencies)), squeeze=False)
+    for (latency_axis, rate_axis), concurrency in zip(axes, concurrencies, strict=True):
+        cells = [cell for cell in results if cell["concurrency"] == concurrency]
+        timed = [cell for cell in cells if cell["phase"] != "worker" and "p50_ms" in cell]
+        for axis, chosen, values, label in (
+            (latency_axis, timed, [cell["p50_ms"] for cell in timed], "p50 ms a call"),
+            (rate_axis, cells, [cell.get("messages_per_s", cell["calls_per_s"]) for cell in cells], "per s"),
+        ):
+            axis.bar(range(len(chosen)), values)
+            axis.set_xticks(range(len(chosen)), [cell["phase"] for cell in chosen], rotation=20, fontsize=8)
+            axis.set_ylabel(label)
+            axis.set_title(f"{concurrency} call(s) in flight: {label}")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
 
 
 if __name__ == "__main__":
