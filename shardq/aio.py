@@ -259,7 +259,7 @@ class AsyncClient:
         # The deleters' batches go out on these streams (shardq.ack_streams).
         self._ack_streams = AcknowledgementStreams(self._open_ack_stream)
         # Per (queue, visibility timeout): concurrent short polls share one request.
-        self._receivers: dict[tuple[str, int | None], Coalescer[int, list[ReceivedMessage]]] = {}
+        self._receivers: dict[tuple[str, int | None, bool], Coalescer[int, list[ReceivedMessage]]] = {}
         # Shared by the unary batchers: callers one shared answer woke make their next
         # calls (a receive answered, then a delete) together too.
         self._woken = WokenTogether()
@@ -639,19 +639,23 @@ class AsyncClient:
         `delete_on_receive`: the messages are deleted as they are received, in the same
         commit (at most once, as pgmq's pop or AMQP's auto-ack): never handed out again,
         even if this call fails after the server acted, so such a failure raises
-        OutcomeUnknown and is not retried. Their receipts are empty. Such receives go alone."""
+        OutcomeUnknown and is not retried, and a caller cancelled while its request is out
+        loses what it took. Their receipts are empty. Concurrent short polls that delete
+        share requests with each other (not with those that do not)."""
         _check_receive_count(max_messages)
         _check_duration("visibility_timeout_ms", visibility_timeout_ms)
         _check_duration("wait_time_ms", wait_time_ms)
-        if delete_on_receive:
-            return (
-                await self._receive_now(
-                    queue, visibility_timeout_ms, [max_messages], wait_time_ms=wait_time_ms, delete_on_receive=True
-                )
-            )[0]
         if wait_time_ms == 0 and 1 <= max_messages <= MAX_RECEIVE_BATCH:
-            return await self._receiver(queue, visibility_timeout_ms).add(max_messages)
-        return (await self._receive_now(queue, visibility_timeout_ms, [max_messages], wait_time_ms=wait_time_ms))[0]
+            return await self._receiver(queue, visibility_timeout_ms, delete_on_receive).add(max_messages)
+        return (
+            await self._receive_now(
+                queue,
+                visibility_timeout_ms,
+                [max_messages],
+                wait_time_ms=wait_time_ms,
+                delete_on_receive=delete_on_receive,
+            )
+        )[0]
 
     async def _receive_now(
         self,
@@ -668,7 +672,7 @@ class AsyncClient:
                 queue=queue, max_messages=shares[0], wait_time_ms=wait_time_ms, delete_on_receive=delete_on_receive
             )
         else:
-            request = queue_pb2.ReceiveMessagesRequest(queue=queue, shares=shares)
+            request = queue_pb2.ReceiveMessagesRequest(queue=queue, shares=shares, delete_on_receive=delete_on_receive)
         if visibility_timeout_ms is not None:
             request.visibility_timeout_ms = visibility_timeout_ms
         # The deadline leaves room for the server's long poll to end first.
@@ -691,15 +695,19 @@ class AsyncClient:
         received = received_from_proto(response)
         return [received] if len(shares) == 1 else split_shares(response, received, len(shares))
 
-    def _receiver(self, queue: str, visibility_timeout_ms: int | None) -> Coalescer[int, list[ReceivedMessage]]:
+    def _receiver(
+        self, queue: str, visibility_timeout_ms: int | None, delete_on_receive: bool = False
+    ) -> Coalescer[int, list[ReceivedMessage]]:
         return self._coalescer_for(
             self._receivers,
-            (queue, visibility_timeout_ms),
-            functools.partial(self._receive_now, queue, visibility_timeout_ms),
+            (queue, visibility_timeout_ms, delete_on_receive),
+            functools.partial(self._receive_now, queue, visibility_timeout_ms, delete_on_receive=delete_on_receive),
             max_batch=MAX_RECEIVE_SHARES,
             max_in_flight=MAX_RECEIVES_IN_FLIGHT,
-            unwanted=functools.partial(self._give_back, queue),
-            companions_of=queue,
+            # Messages deleted as received cannot be given back; and nothing waits on
+            # their deletes, which there are none of (see Companions).
+            unwanted=None if delete_on_receive else functools.partial(self._give_back, queue),
+            companions_of=None if delete_on_receive else queue,
         )
 
     def _give_back(self, queue: str, parts: list[list[ReceivedMessage]]) -> None:

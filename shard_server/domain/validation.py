@@ -135,9 +135,7 @@ def validate_receive(config: QueueConfig, *, max_messages: int, visibility_timeo
     return resolve_visibility_timeout(config, "visibility_timeout_ms", visibility_timeout_ms)
 
 
-def validate_shares(
-    shares: Sequence[int], *, max_messages: int, wait_ms: int, peek: bool, delete_on_receive: bool = False
-) -> None:
+def validate_shares(shares: Sequence[int], *, max_messages: int, wait_ms: int, peek: bool) -> None:
     """Check a shared short poll: one max_messages per receiver, nothing else that
     would apply to all of them at once."""
     if not 1 <= len(shares) <= MAX_RECEIVE_SHARES:
@@ -148,8 +146,6 @@ def validate_shares(
         raise InvalidArgument("wait_time_ms", "must be 0 with shares: a shared receive is a short poll")
     if peek:
         raise InvalidArgument("peek", "cannot be used with shares")
-    if delete_on_receive:
-        raise InvalidArgument("delete_on_receive", "cannot be used with shares: such receives go alone")
     for position, wanted in enumerate(shares):
         if not 1 <= wanted <= MAX_RECEIVE_BATCH:
             raise InvalidArgument(f"shares[{position}]", f"must be 1..{MAX_RECEIVE_BATCH}, got {wanted}")

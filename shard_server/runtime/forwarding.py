@@ -209,11 +209,19 @@ class LeaderCalls:
         return list(response.messages)
 
     async def receive_shares(
-        self, leader: str, queue: str, shares: Sequence[int], *, visibility_timeout_ms: int, shard: int | None
+        self,
+        leader: str,
+        queue: str,
+        shares: Sequence[int],
+        *,
+        visibility_timeout_ms: int,
+        shard: int | None,
+        delete_on_receive: bool = False,
     ) -> list[list[queue_pb2.ReceivedMessage]]:
-        """What the leader claimed for each share of a shared short poll, in order."""
+        """What the leader claimed (and, with `delete_on_receive`, deleted) for each share
+        of a shared short poll, in order."""
         request = queue_pb2.ReceiveMessagesRequest(
-            queue=queue, shares=shares, visibility_timeout_ms=visibility_timeout_ms
+            queue=queue, shares=shares, visibility_timeout_ms=visibility_timeout_ms, delete_on_receive=delete_on_receive
         )
         if shard is not None:
             request.shard = shard

@@ -463,7 +463,13 @@ class HostedQueue:
             )
 
     async def receive_shares(
-        self, shares: Sequence[int], *, visibility_timeout_ms: int, shard: int | None = None, forwarded: bool = False
+        self,
+        shares: Sequence[int],
+        *,
+        visibility_timeout_ms: int,
+        shard: int | None = None,
+        forwarded: bool = False,
+        delete_on_receive: bool = False,
     ) -> list[Received]:
         """Several receivers' short polls at once (a client folding concurrent calls):
         each share claims as a receive of its own would, in order, and the shares go to
@@ -474,15 +480,15 @@ class HostedQueue:
         one message and the others never (a message too large for a share waits for
         another receive). Shares claim from the shards led here; when none claimed
         anything, the whole request goes to the other leaders in turn, each bounding
-        its answer alike.
+        its answer alike. With `delete_on_receive`, each share's messages are deleted in
+        the same commit (see receive).
         """
+        remote = functools.partial(self._receive_shares_remote, delete_on_receive=delete_on_receive)
         with self.writers.calls:
             if shard is not None and self.leader_here(shard) is None:
                 if forwarded or self.router is None:
                     raise self.not_leader(shard)
-                return await self._receive_shares_remote(
-                    self._leader_elsewhere(shard), shares, visibility_timeout_ms, shard
-                )
+                return await remote(self._leader_elsewhere(shard), shares, visibility_timeout_ms, shard)
             if self.closed:
                 raise QueueNotFound(self.config.name)
             local = [s for s in self.shards if s.is_local_leader() and (shard is None or s.index == shard)]
@@ -494,25 +500,39 @@ class HostedQueue:
                 local,
                 [_Wanted(wanted, budget, strict_bytes=position > 0) for position, wanted in enumerate(shares)],
                 visibility_timeout_ms,
+                delete_on_receive=delete_on_receive,
             )
             if any(claimed):
                 return [Received(messages, []) for messages in claimed]
             if not forwarded and shard is None:
                 for leader in self.leaders_to_ask():
                     try:
-                        remote = await self._receive_shares_remote(leader, shares, visibility_timeout_ms, None)
-                    except ShardqError:
+                        elsewhere = await remote(leader, shares, visibility_timeout_ms, None)
+                    except ShardqError as error:
+                        if delete_on_receive and error.reason is Reason.OUTCOME_UNKNOWN:
+                            raise  # that leader may have deleted what it took: see _receive_remote
                         continue  # that leader is unreachable: the others may still serve
-                    if any(remote):
-                        return remote
+                    if any(elsewhere):
+                        return elsewhere
             return [Received([], []) for _ in shares]
 
     async def _receive_shares_remote(
-        self, leader: str, shares: Sequence[int], visibility_timeout_ms: int, shard: int | None
+        self,
+        leader: str,
+        shares: Sequence[int],
+        visibility_timeout_ms: int,
+        shard: int | None,
+        *,
+        delete_on_receive: bool = False,
     ) -> list[Received]:
         assert self.router is not None
         parts = await self.router.calls.receive_shares(
-            leader, self.config.name, shares, visibility_timeout_ms=visibility_timeout_ms, shard=shard
+            leader,
+            self.config.name,
+            shares,
+            visibility_timeout_ms=visibility_timeout_ms,
+            shard=shard,
+            delete_on_receive=delete_on_receive,
         )
         return [Received([], part) for part in parts]
 

@@ -67,6 +67,17 @@ def is_forwarded(context: Context) -> bool:
     return any(key == FORWARDED_HEADER for key, _ in context.invocation_metadata() or ())
 
 
+def _without_receipts_if_deleted(
+    request: queue_pb2.ReceiveMessagesRequest, response: queue_pb2.ReceiveMessagesResponse
+) -> queue_pb2.ReceiveMessagesResponse:
+    """A receive that deleted what it received answers no receipts: nothing is left to act on."""
+    if request.delete_on_receive:
+        for message in response.messages:
+            message.receipt = ""
+            message.visible_until_ms = 0
+    return response
+
+
 def _pinned_shard(request: queue_pb2.SendMessagesRequest | queue_pb2.ReceiveMessagesRequest, shards: int) -> int | None:
     if not request.HasField("shard"):
         return None
@@ -208,33 +219,23 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             forwarded=is_forwarded(context),
             delete_on_receive=request.delete_on_receive,
         )
-        response = received_to_proto(received)
-        if request.delete_on_receive:
-            for message in response.messages:  # deleted: nothing left to act on
-                message.receipt = ""
-                message.visible_until_ms = 0
-        return response
+        return _without_receipts_if_deleted(request, received_to_proto(received))
 
     async def _receive_shares(
         self, queue: HostedQueue, request: queue_pb2.ReceiveMessagesRequest, context: Context
     ) -> queue_pb2.ReceiveMessagesResponse:
         """Several receivers' short polls in one request (shardq.receive_shares)."""
         shares = list(request.shares)
-        validate_shares(
-            shares,
-            max_messages=request.max_messages,
-            wait_ms=request.wait_time_ms,
-            peek=request.peek,
-            delete_on_receive=request.delete_on_receive,
-        )
+        validate_shares(shares, max_messages=request.max_messages, wait_ms=request.wait_time_ms, peek=request.peek)
         visibility = resolve_visibility_timeout(queue.config, "visibility_timeout_ms", _visibility_asked(request))
         parts = await queue.receive_shares(
             shares,
             visibility_timeout_ms=visibility,
             shard=_pinned_shard(request, queue.config.shards),
             forwarded=is_forwarded(context),
+            delete_on_receive=request.delete_on_receive,
         )
-        return shared_received_to_proto(parts)
+        return _without_receipts_if_deleted(request, shared_received_to_proto(parts))
 
     @unary("DeleteMessages")
     async def DeleteMessages(

@@ -2,20 +2,23 @@
 out in the same commit: at most once. Those messages have no receipt, are never handed
 out again (not to another receive, not after a SIGKILL and a restart), free a FIFO
 group at once, and are deleted on their shard's leader when another server forwards
-the call. Asked with a peek or with shares, it is refused and the request names the
-field; the CLI's `receive --delete` prints no receipts."""
+the call. Several callers' such short polls share a request, each taking its own.
+Asked with a peek, it is refused and the request names the field; the CLI's
+`receive --delete` prints no receipts."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import pathlib
 import subprocess
 import sys
+from collections.abc import Sequence
 
 import grpc
 import pytest
 
-from shardq import Client, Message, ReceivedMessage
+from shardq import AsyncClient, Client, Message, ReceivedMessage
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.errors import Reason
 from shardq.status import error_from_rpc
@@ -23,7 +26,7 @@ from tests.support.clusters import THREE_LEADERS, Cluster, every_shard_led, runn
 from tests.support.servers import ServerProcess, wait_for
 
 
-def bodies(messages: list[ReceivedMessage]) -> list[bytes]:
+def bodies(messages: Sequence[ReceivedMessage | queue_pb2.ReceivedMessage]) -> list[bytes]:
     return sorted(message.body for message in messages)
 
 
@@ -55,26 +58,43 @@ def test_a_deleting_receive_frees_a_fifo_group_at_once(client: Client) -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(
-    "request_fields",
-    [
-        {"max_messages": 1, "peek": True},
-        {"shares": [1, 1]},
-    ],
-    ids=["with a peek", "with shares"],
-)
-def test_a_deleting_receive_with_a_peek_or_shares_is_refused(
-    server: ServerProcess, client: Client, request_fields: dict[str, object]
-) -> None:
+def test_a_deleting_peek_is_refused(server: ServerProcess, client: Client) -> None:
     client.send_messages("orders", [Message(b"kept")])
     with grpc.insecure_channel(server.endpoint) as channel:
         stub = queue_pb2_grpc.QueueServiceStub(channel)
-        request = queue_pb2.ReceiveMessagesRequest(queue="orders", delete_on_receive=True, **request_fields)
+        request = queue_pb2.ReceiveMessagesRequest(queue="orders", max_messages=1, peek=True, delete_on_receive=True)
         with pytest.raises(grpc.RpcError) as refused:
             stub.ReceiveMessages(request, timeout=10)
     error = error_from_rpc(refused.value)
     assert (error.reason, error.field) == (Reason.INVALID_ARGUMENT, "delete_on_receive"), error
     assert client.attributes("orders").visible == 1, "nothing was claimed or deleted"
+
+
+@pytest.mark.timeout(60)
+def test_shared_deleting_receives_each_take_their_own_and_leave_nothing_claimed(
+    server: ServerProcess, client: Client
+) -> None:
+    client.send_messages("orders", [Message(b"m%d" % n) for n in range(12)])
+    # On the wire: one request for two receivers, answered share by share.
+    with grpc.insecure_channel(server.endpoint) as channel:
+        request = queue_pb2.ReceiveMessagesRequest(queue="orders", shares=[2, 3], delete_on_receive=True)
+        response = queue_pb2_grpc.QueueServiceStub(channel).ReceiveMessages(request, timeout=10)
+    assert list(response.share_counts) == [2, 3]
+    assert all(message.receipt == "" for message in response.messages)
+    # Through the client: concurrent callers' deleting short polls share requests.
+
+    async def six_callers() -> list[list[ReceivedMessage]]:
+        async with AsyncClient(server.endpoint) as shared:
+            return await asyncio.gather(
+                *(shared.receive_messages("orders", max_messages=1, delete_on_receive=True) for _ in range(6))
+            )
+
+    taken = [message for part in asyncio.run(six_callers()) for message in part]
+    assert len(taken) == 6
+    assert all(message.receipt == "" for message in taken)
+    assert len(set(bodies([*response.messages, *taken]))) == 11
+    attributes = client.attributes("orders")
+    assert (attributes.visible, attributes.in_flight) == (1, 0), "deleted, not left claimed"
 
 
 @pytest.mark.timeout(60)

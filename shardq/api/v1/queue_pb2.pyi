@@ -295,7 +295,8 @@ class ReceiveMessagesRequest(_message.Message):
     """Delete what is received, in the same commit (pgmq's pop, AMQP's auto-ack): at most
     once. A message so received is never handed out again, even if the answer never
     reaches the caller (a cut connection, a cancelled call); its receipt is empty.
-    The answer comes only once the deletes are durable. Not with peek or shares.
+    The answer comes only once the deletes are durable. Not with peek; with shares,
+    each share's messages are deleted.
     """
     @_builtins.property
     def shares(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
