@@ -31,6 +31,7 @@ is recorded. Phases, in order, for each C:
   worker.pop       C consumers, each receiving one message at a time with delete_on_receive
                    (pgmq's pop: deleted in the receive's commit, at most once); a call is
                    one message
+  worker.pop10     the same, up to 10 messages a call, as `worker` receives them
 
 With C=4 the send and worker phases are the issue's "4 producers / 4 consumers, one call
 in flight each". Each phase runs --ops calls in all (at least 4 per caller) or
@@ -91,6 +92,7 @@ PHASES = (
     "worker.shared",
     "worker.consumer",
     "worker.pop",
+    "worker.pop10",
 )
 
 
@@ -267,14 +269,16 @@ async def measure_at(
         results.append(await run_phase("worker", concurrency, worker_calls, server, work))
         await drain(client, queue)
 
-    if "worker.pop" in phases:
-        pops = max(total, 10 * concurrency)
-        await fill(client, queue, payload, pops)
+    for name, per_call in (("worker.pop", 1), ("worker.pop10", 10)):
+        if name not in phases:
+            continue
+        pops = max(total // per_call, 2 * concurrency)
+        await fill(client, queue, payload, per_call * pops)
 
-        async def pop(_: int) -> int:
-            return len(await client.receive_messages(queue, max_messages=1, delete_on_receive=True))
+        async def pop(_: int, per_call: int = per_call) -> int:
+            return len(await client.receive_messages(queue, max_messages=per_call, delete_on_receive=True))
 
-        results.append(await run_phase("worker.pop", concurrency, pops, server, pop))
+        results.append(await run_phase(name, concurrency, pops, server, pop))
         await drain(client, queue)
 
     # The consumer loops, each over a queue filled for it (untimed) and drained after.
