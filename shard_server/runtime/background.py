@@ -244,23 +244,12 @@ async def _count_messages(queue: HostedQueue) -> tuple[int, dict[int, ShardqErro
     counted: dict[int, int] = {
         shard.index: stats.messages - stats.dead_letter_pending for shard, stats in await asyncio.to_thread(queue.stats)
     }
-    unanswered: dict[int, ShardqError] = {}
-    if queue.router is not None:
-        calls = queue.router.calls
-        led_by = {leader: queue.shards_led_by(leader) for leader in queue.remote_leaders()}
-        # All leaders at once: a hung one costs the count one timeout, not one each.
-        answers = await asyncio.gather(
-            *(calls.queue_attributes(leader, queue.config.name, timeout_s=10) for leader in led_by),
-            return_exceptions=True,
-        )
-        for shards, answer in zip(led_by.values(), answers, strict=True):
-            if isinstance(answer, ShardqError) and answer.reason in LEADER_AWAY_REASONS:
-                unanswered.update(dict.fromkeys(shards, answer))
-            elif isinstance(answer, BaseException):
-                raise answer
-            else:
-                for shard in answer.shards:
-                    counted.setdefault(shard.shard, shard.visible + shard.in_flight + shard.delayed)
+    answered, unanswered = await queue.ask_other_leaders(
+        lambda calls, leader: calls.queue_attributes(leader, queue.config.name, timeout_s=10)
+    )
+    for _, attributes in answered:
+        for shard in attributes.shards:
+            counted.setdefault(shard.shard, shard.visible + shard.in_flight + shard.delayed)
     for index in range(queue.config.shards):
         if index not in counted and index not in unanswered:
             unanswered[index] = _no_leader(queue, index) or NotLeader(

@@ -17,6 +17,7 @@ import re
 import shutil
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from prometheus_client import Counter
 
@@ -45,6 +46,7 @@ from shardq.receipts import MalformedReceipt, Receipt, decode_receipt, encode_re
 log = logging.getLogger(__name__)
 
 _SHARD_DIR = re.compile(r"shard-(\d+)")
+_Answer = TypeVar("_Answer")
 # How old the depth of shards led elsewhere may grow before a send checking max_depth
 # asks their leaders again (in the background: the send goes on with the last reports).
 REMOTE_DEPTH_REFRESH_S = 1.0
@@ -317,6 +319,30 @@ class HostedQueue:
             for index in range(self.config.shards)
             if self.leader_here(index) is None and self.router.leader_of(self.config.name, index)[0] == leader
         ]
+
+    async def ask_other_leaders(
+        self, call: Callable[[LeaderCalls, str], Awaitable[_Answer]]
+    ) -> tuple[list[tuple[list[int], _Answer]], dict[int, ShardqError]]:
+        """`call` made to every other leader of this queue at once (a hung one costs it one
+        timeout, not one each; one that fails keeps no other from being asked): the
+        answers, each with the shards its leader led when asked (the routes may change
+        meanwhile), and the shards whose leader is away, with why. Any other failure (the
+        queue deleted, a refused request) is raised."""
+        if self.router is None:
+            return [], {}
+        calls = self.router.calls
+        led_by = {leader: self.shards_led_by(leader) for leader in self.remote_leaders()}
+        answers = await asyncio.gather(*(call(calls, leader) for leader in led_by), return_exceptions=True)
+        answered: list[tuple[list[int], _Answer]] = []
+        away: dict[int, ShardqError] = {}
+        for shards, answer in zip(led_by.values(), answers, strict=True):
+            if isinstance(answer, ShardqError) and answer.reason in LEADER_AWAY_REASONS:
+                away.update(dict.fromkeys(shards, answer))
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                answered.append((shards, answer))
+        return answered, away
 
     # -- waking long pollers ---------------------------------------------------
     def wake(self) -> None:
@@ -961,24 +987,12 @@ class HostedQueue:
         total = sum(counts)
         if forwarded or self.router is None:
             return total
-        calls = self.router.calls
-        # Who leads what as the purge is asked (the routes may change while it runs).
-        led_by = {leader: self.shards_led_by(leader) for leader in self.remote_leaders()}
-        # All leaders at once: a hung one costs the purge one timeout, not one each, and a
-        # leader that fails does not keep the leaders after it from purging their shards.
-        answers = await asyncio.gather(
-            *(calls.purge(leader, self.config.name) for leader in led_by), return_exceptions=True
-        )
+        # A leader that fails no longer keeps the leaders after it from purging their shards.
+        answered, away = await self.ask_other_leaders(lambda calls, leader: calls.purge(leader, self.config.name))
         purged_elsewhere: set[int] = set()
-        away: dict[int, ShardqError] = {}
-        for shards, answer in zip(led_by.values(), answers, strict=True):
-            if isinstance(answer, ShardqError) and answer.reason in LEADER_AWAY_REASONS:
-                away.update(dict.fromkeys(shards, answer))
-            elif isinstance(answer, BaseException):
-                raise answer
-            else:
-                total += answer
-                purged_elsewhere.update(shards)
+        for shards, purged in answered:
+            total += purged
+            purged_elsewhere.update(shards)
         purged_here = {shard.index for shard in local}
         for index in range(self.config.shards):
             if index not in purged_here and index not in purged_elsewhere and index not in away:
