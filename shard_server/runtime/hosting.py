@@ -509,12 +509,17 @@ class HostedQueue:
         its answer alike. With `delete_on_receive`, each share's messages are deleted in
         the same commit (see receive).
         """
-        remote = functools.partial(self._receive_shares_remote, delete_on_receive=delete_on_receive)
         with self.writers.calls:
             if shard is not None and self.leader_here(shard) is None:
                 if forwarded or self.router is None:
                     raise self.not_leader(shard)
-                return await remote(self._leader_elsewhere(shard), shares, visibility_timeout_ms, shard)
+                return await self._receive_shares_remote(
+                    self._leader_elsewhere(shard),
+                    shares,
+                    visibility_timeout_ms,
+                    shard,
+                    delete_on_receive=delete_on_receive,
+                )
             if self.closed:
                 raise QueueNotFound(self.config.name)
             local = [s for s in self.shards if s.is_local_leader() and (shard is None or s.index == shard)]
@@ -533,7 +538,9 @@ class HostedQueue:
             if not forwarded and shard is None:
                 for leader in self.leaders_to_ask():
                     try:
-                        elsewhere = await remote(leader, shares, visibility_timeout_ms, None)
+                        elsewhere = await self._receive_shares_remote(
+                            leader, shares, visibility_timeout_ms, None, delete_on_receive=delete_on_receive
+                        )
                     except ShardqError as error:
                         if delete_on_receive and error.reason is Reason.OUTCOME_UNKNOWN:
                             raise  # that leader may have deleted what it took: see _receive_remote
@@ -572,12 +579,16 @@ class HostedQueue:
         forwarded: bool,
         delete_on_receive: bool,
     ) -> Received:
-        remote = functools.partial(self._receive_remote, delete_on_receive=delete_on_receive)
         if shard is not None and self.leader_here(shard) is None:
             if forwarded or self.router is None:
                 raise self.not_leader(shard)
             leader = self._leader_elsewhere(shard)
-            return Received([], await remote(leader, max_messages, visibility_timeout_ms, wait_ms, shard))
+            return Received(
+                [],
+                await self._receive_remote(
+                    leader, max_messages, visibility_timeout_ms, wait_ms, shard, delete_on_receive=delete_on_receive
+                ),
+            )
         deadline = wall_clock_ms() + wait_ms
         while True:
             if self.closed:
@@ -593,7 +604,9 @@ class HostedQueue:
                 return Received(claimed, [])
             if not forwarded and shard is None:
                 for leader in self.leaders_to_ask():
-                    elsewhere = await remote(leader, max_messages, visibility_timeout_ms, 0, None)
+                    elsewhere = await self._receive_remote(
+                        leader, max_messages, visibility_timeout_ms, 0, None, delete_on_receive=delete_on_receive
+                    )
                     if elsewhere:
                         return Received([], elsewhere)
             now = wall_clock_ms()
