@@ -53,6 +53,7 @@ from e2e.polling import wait_for
 from e2e.realnode import Layout, NodeInfo, recycle_released_volumes, state_dir, status
 from e2e.spark_image import APPLICATION, SPARK_UID, build_spark_image, ensure_imported
 from shardq import Client, Message, ShardqError
+from shardq.errors import Reason
 
 GROUP, VERSION = "shardq.io", "v1alpha1"
 RESULTS = REPO_ROOT / "bench" / "results" / "spark-on-kubernetes.json"
@@ -260,17 +261,31 @@ def delete_shardq(api: client.ApiClient, namespace: str) -> None:
     )
 
 
+# A server that forwards a send to a peer just made Ready may find the peer's DNS name not
+# yet published: those entries answer UNAVAILABLE, nothing stored, and a producer sends
+# them again (their dedup ids keep each message single). Any other failure is the test's.
+SEND_AGAIN_FOR_S = 30.0
+
+
 def _send(client_: Client, label: str, count: int) -> set[str]:
     ids: set[str] = set()
     for first in range(0, count, 10):
         batch = [
             Message(f"{label}-{n}".encode(), dedup_id=f"{label}-{n}") for n in range(first, min(first + 10, count))
         ]
-        results = client_.send_messages(QUEUE, batch)
-        failed = [result for result in results if not result.ok]
-        if failed:
-            raise RuntimeError(f"sending {label} messages failed: {failed[0]}")
-        ids |= {result.message_id for result in results}
+        gives_up_at = time.monotonic() + SEND_AGAIN_FOR_S
+        while batch:
+            results = client_.send_messages(QUEUE, batch)
+            ids |= {result.message_id for result in results if result.ok}
+            failed = [(message, result) for message, result in zip(batch, results, strict=True) if not result.ok]
+            if failed and (
+                any(result.error_reason != Reason.UNAVAILABLE for _, result in failed) or time.monotonic() > gives_up_at
+            ):
+                raise RuntimeError(f"sending {label} messages failed: {failed[0][1]}")
+            if failed:
+                print(f"[spark-on-k8s] {len(failed)} {label} sends UNAVAILABLE, sent again: {failed[0][1]}")
+                time.sleep(0.5)
+            batch = [message for message, _ in failed]
     return ids
 
 
