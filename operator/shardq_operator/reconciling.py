@@ -21,6 +21,7 @@ from typing import Any
 from shardq.coordination.cluster_map import ClusterMap, cluster_map_from_text, lease_name, new_shards
 from shardq.coordination.fencing import build_isr_change, build_takeover, is_expired, isr_of
 from shardq.coordination.leases import LeaseConflict, LeaseRecord
+from shardq.coordination.new_shard_leases import write_lease_for_new_shard
 from shardq.coordination.placement import ShardId
 from shardq.coordination.replica_moves import DEFAULT_MAX_IN_FLIGHT, MovePlan, ReplicaMove, plan_replica_moves
 from shardq.coordination.takeovers import (
@@ -32,7 +33,6 @@ from shardq.coordination.takeovers import (
     choose_rebalancing,
     choose_replica_rebalancing,
     isr_after_takeover,
-    lease_for_new_shard,
 )
 from shardq.durations import parse_duration_ms
 from shardq_operator import builders, metrics, naming
@@ -275,19 +275,14 @@ class Reconciler:
         cluster_map = with_servers(moves.cluster_map, name=name, namespace=namespace, count=count)
         # Leases first: a server that sees a new shard in the map finds its lease.
         for shard in new_shards(current, cluster_map):
-            existing = leases.get(lease_name(shard))
-            record = lease_for_new_shard(
-                existing,
+            record = write_lease_for_new_shard(
+                leases,
                 shard=shard,
                 replicas=cluster_map.replicas_of(shard),
-                now_ms=wall_clock_ms(),
+                now_ms=wall_clock_ms,
                 duration_ms=cluster_map.lease_duration_ms,
                 queue_uid=cluster_map.queue_uid(shard.queue),
             )
-            if existing is None:
-                leases.create(record)
-            else:
-                leases.update(record)
             # Owned by the cluster, not the Queue: a Queue created again under the same name
             # must continue its shards' epochs (receipts of the old queue never match), and
             # the Leases go when the cluster does.

@@ -37,14 +37,13 @@ from shardq.coordination.cluster_map import (
     MapChange,
     change_between,
     cluster_map_from_text,
-    lease_name,
     new_shards,
     read_cluster_map,
     write_cluster_map,
 )
 from shardq.coordination.leases import LeaseStore
+from shardq.coordination.new_shard_leases import write_lease_for_new_shard
 from shardq.coordination.placement import ShardId
-from shardq.coordination.takeovers import lease_for_new_shard
 
 log = logging.getLogger(__name__)
 
@@ -219,19 +218,14 @@ class ClusterMapFile:
 
     def _lease_for_new_shard(self, cluster: ClusterMap, queue: str, index: int) -> None:
         shard = ShardId(queue, index)
-        existing = self.leases.get(lease_name(shard))
-        record = lease_for_new_shard(
-            existing,
+        write_lease_for_new_shard(
+            self.leases,
             shard=shard,
             replicas=cluster.replicas_of(shard),
-            now_ms=self._now_ms(),
+            now_ms=self._now_ms,
             duration_ms=cluster.lease_duration_ms,
             queue_uid=cluster.queue_uid(queue),
         )
-        if existing is None:
-            self.leases.create(record)
-        else:
-            self.leases.update(record)
 
 
 def _flock_within(fd: int, timeout_s: float) -> bool:
