@@ -227,16 +227,6 @@ def _leader_wait_s(queue: HostedQueue) -> float:
     return REDRIVE_WAITS_LEASES * lease_ms / 1000
 
 
-def _no_leader(queue: HostedQueue, index: int) -> Unavailable | None:
-    """Why shard `index` cannot be asked now, if no leader is known for it (for a moment
-    after its leader's lease lapsed): forwarding needs one to call."""
-    if queue.router is None or queue.leader_here(index) is not None:
-        return None
-    if queue.router.leader_of(queue.config.name, index)[0]:
-        return None
-    return Unavailable(f"no leader of queue {queue.config.name!r} shard {index} is known")
-
-
 async def _count_messages(queue: HostedQueue) -> tuple[int, dict[int, ShardqError]]:
     """Every message of the queue, shard by shard: those led here, and the other shards'
     as their leaders count them; and the shards nobody counted, with why. A redrive that
@@ -252,7 +242,7 @@ async def _count_messages(queue: HostedQueue) -> tuple[int, dict[int, ShardqErro
             counted.setdefault(shard.shard, shard.visible + shard.in_flight + shard.delayed)
     for index in range(queue.config.shards):
         if index not in counted and index not in unanswered:
-            unanswered[index] = _no_leader(queue, index) or NotLeader(
+            unanswered[index] = queue.no_leader_known(index) or NotLeader(
                 f"queue {queue.config.name!r} shard {index} was not counted by the leader the routes named"
             )
     return sum(counted.values()), {index: unanswered[index] for index in sorted(unanswered)}
@@ -268,7 +258,7 @@ async def _claim_in_turn(queue: HostedQueue, shards: list[int], *, max_messages:
         wanted = max_messages - len(found.taken)
         if not wanted:
             break
-        away = _no_leader(queue, index)
+        away = queue.no_leader_known(index)
         if away is not None:
             found.unanswered[index] = away
             continue

@@ -277,6 +277,15 @@ class HostedQueue:
             leader = self.router.address_of(self.router.leader_of(self.config.name, index)[0])
         return NotLeader(f"queue {self.config.name!r} shard {index} is not led by this server", leader=leader)
 
+    def no_leader_known(self, index: int) -> Unavailable | None:
+        """Why shard `index` cannot be asked now, if no leader is known for it (for a moment
+        after its leader's lease lapsed): forwarding needs one to call."""
+        if self.router is None or self.leader_here(index) is not None:
+            return None
+        if self.router.leader_of(self.config.name, index)[0]:
+            return None
+        return Unavailable(f"no leader of queue {self.config.name!r} shard {index} is known")
+
     def _route_elsewhere(self, index: int) -> str:
         """The server the routes name as shard `index`'s leader, for a call to forward there;
         "" when they name none (for a moment after a lease was given up) or this server
@@ -1009,8 +1018,9 @@ class HostedQueue:
         purged_here = {shard.index for shard in local}
         for index in range(self.config.shards):
             if index not in purged_here and index not in purged_elsewhere and index not in away:
-                # No leader known (its lease lapsed a moment ago): nobody was asked.
-                away[index] = Unavailable(f"no leader of queue {self.config.name!r} shard {index} is known")
+                # Nobody was asked: no leader known (its lease lapsed a moment ago), or the
+                # routes name this server, whose leadership has not begun.
+                away[index] = self.no_leader_known(index) or self.not_leader(index)
         if away:
             # Not a success that reads as an empty queue: the caller is told what is left.
             raise Unavailable(
