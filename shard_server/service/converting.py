@@ -54,9 +54,15 @@ def send_response_to_proto(entries: Sequence[SendOutcome]) -> queue_pb2.SendMess
 
 
 def received_frames(
-    received: Received, max_batch: int, new_frame: Callable[[], tuple[Frame, queue_pb2.ReceiveMessagesResponse]]
+    received: Received,
+    max_batch: int,
+    new_frame: Callable[[], tuple[Frame, queue_pb2.ReceiveMessagesResponse]],
+    *,
+    deleted: bool = False,
 ) -> list[Frame]:
-    """The received messages in frames of at most `max_batch` messages each.
+    """The received messages in frames of at most `max_batch` messages each; `deleted`
+    when the receive deleted them: no receipts then, nothing being left to act on (those
+    another leader claimed come without, from it).
 
     `new_frame` returns a frame and the ReceiveMessagesResponse inside it to fill.
     Messages are built in place (`add`): building them first and then passing
@@ -83,11 +89,12 @@ def received_frames(
         added = add()
         added.message_id = format_message_id(sent_at_ms=record.sent_at_ms, shard=shard.index, seq=record.seq)
         added.body = record.body
-        added.receipt = encode_receipt(message.receipt)
+        if not deleted:
+            added.receipt = encode_receipt(message.receipt)
+            added.visible_until_ms = delivery.visible_at_ms
         added.receive_count = delivery.receive_count
         added.sent_at_ms = record.sent_at_ms
         added.first_received_at_ms = delivery.first_received_at_ms
-        added.visible_until_ms = delivery.visible_at_ms
         added.shard = shard.index
         added.seq = record.seq
         # Only when set: setting empty values still costs.
@@ -112,17 +119,17 @@ def _plain_frame() -> tuple[queue_pb2.ReceiveMessagesResponse, queue_pb2.Receive
     return response, response
 
 
-def received_to_proto(received: Received) -> queue_pb2.ReceiveMessagesResponse:
-    frames = received_frames(received, max(len(received), 1), _plain_frame)
+def received_to_proto(received: Received, *, deleted: bool = False) -> queue_pb2.ReceiveMessagesResponse:
+    frames = received_frames(received, max(len(received), 1), _plain_frame, deleted=deleted)
     return frames[0] if frames else queue_pb2.ReceiveMessagesResponse()
 
 
-def shared_received_to_proto(parts: Sequence[Received]) -> queue_pb2.ReceiveMessagesResponse:
+def shared_received_to_proto(parts: Sequence[Received], *, deleted: bool = False) -> queue_pb2.ReceiveMessagesResponse:
     """A shared receive's answer: every share's messages in order, and how many are whose."""
     response = queue_pb2.ReceiveMessagesResponse()
     for received in parts:
         before = len(response.messages)
-        received_frames(received, sys.maxsize, lambda: (response, response))
+        received_frames(received, sys.maxsize, lambda: (response, response), deleted=deleted)
         response.share_counts.append(len(response.messages) - before)
     return response
 

@@ -67,17 +67,6 @@ def is_forwarded(context: Context) -> bool:
     return any(key == FORWARDED_HEADER for key, _ in context.invocation_metadata() or ())
 
 
-def _without_receipts_if_deleted(
-    request: queue_pb2.ReceiveMessagesRequest, response: queue_pb2.ReceiveMessagesResponse
-) -> queue_pb2.ReceiveMessagesResponse:
-    """A receive that deleted what it received answers no receipts: nothing is left to act on."""
-    if request.delete_on_receive:
-        for message in response.messages:
-            message.receipt = ""
-            message.visible_until_ms = 0
-    return response
-
-
 def _pinned_shard(request: queue_pb2.SendMessagesRequest | queue_pb2.ReceiveMessagesRequest, shards: int) -> int | None:
     if not request.HasField("shard"):
         return None
@@ -219,7 +208,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             forwarded=is_forwarded(context),
             delete_on_receive=request.delete_on_receive,
         )
-        return _without_receipts_if_deleted(request, received_to_proto(received))
+        return received_to_proto(received, deleted=request.delete_on_receive)
 
     async def _receive_shares(
         self, queue: HostedQueue, request: queue_pb2.ReceiveMessagesRequest, context: Context
@@ -235,7 +224,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             forwarded=is_forwarded(context),
             delete_on_receive=request.delete_on_receive,
         )
-        return _without_receipts_if_deleted(request, shared_received_to_proto(parts))
+        return shared_received_to_proto(parts, deleted=request.delete_on_receive)
 
     @unary("DeleteMessages")
     async def DeleteMessages(

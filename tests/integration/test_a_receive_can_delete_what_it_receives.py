@@ -81,6 +81,7 @@ def test_shared_deleting_receives_each_take_their_own_and_leave_nothing_claimed(
         response = queue_pb2_grpc.QueueServiceStub(channel).ReceiveMessages(request, timeout=10)
     assert list(response.share_counts) == [2, 3]
     assert all(message.receipt == "" for message in response.messages)
+    assert all(message.visible_until_ms == 0 for message in response.messages), "never to be visible again"
     # Through the client: concurrent callers' deleting short polls share requests.
 
     async def six_callers() -> list[list[ReceivedMessage]]:
