@@ -71,6 +71,12 @@ def build_error(
     return error
 
 
+def answered_by_shardq(error: grpc.RpcError) -> bool:
+    """Whether a shardq server gave this failure as its answer (it carries shardq's
+    ErrorInfo), rather than the transport (a refused or cut connection, a deadline)."""
+    return _error_info(error) is not None
+
+
 def error_from_rpc(error: grpc.RpcError, *, queue: str = "") -> ShardqError:
     info = _error_info(error)
     details = error.details() if hasattr(error, "details") else str(error)

@@ -25,7 +25,7 @@ from shardq.coordination.leases import LeaseStore
 from shardq.coordination.placement import ShardId
 from shardq.errors import Reason, ShardqError, Unavailable
 from shardq.receive_shares import split_shares
-from shardq.status import build_error, error_from_rpc, never_sent, unknown_if_sent
+from shardq.status import answered_by_shardq, build_error, error_from_rpc, never_sent, unknown_if_sent
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,9 @@ PEER_CHANNEL_OPTIONS = [
 
 
 class LeaderUnreachable(Unavailable):
-    """A call on receipts that never reached the leader (it refused the connection):
-    nothing was applied, so the receipts may go to whoever leads now."""
+    """A call that never reached the leader (it refused the connection, or its name did
+    not resolve): nothing was applied, so receipts may go to whoever leads now, and a send
+    may be made again."""
 
 
 class Router:
@@ -168,7 +169,9 @@ class LeaderCalls:
         try:
             response = await self._stub(leader).SendMessages(request, metadata=FORWARDED, timeout=30)
         except grpc.RpcError as error:
-            raise error_from_rpc(error, queue=queue) from None
+            # Cut off after it was sent, the leader may have stored the batch: UNAVAILABLE
+            # ("nothing stored") let a caller that resends on it store it twice.
+            raise forward_failure(error, queue=queue, what="the send forwarded to the shard's leader failed") from None
         return [
             SendOutcome(
                 r.message_id,
@@ -236,12 +239,12 @@ class LeaderCalls:
         except grpc.RpcError as error:
             if error.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
                 self._router.note_unanswered(leader)
-            failure = error_from_rpc(error, queue=queue)
             if request.delete_on_receive:
                 # Sent, then cut off or out of time: the leader may have deleted what it
                 # received for the call, and those messages are handed out no more.
-                failure = unknown_if_sent(error, failure, "the receive forwarded to the shard's leader failed")
-            raise failure from None
+                what = "the receive forwarded to the shard's leader failed"
+                raise forward_failure(error, queue=queue, what=what) from None
+            raise error_from_rpc(error, queue=queue) from None
         self._router.note_answered(leader)
         return response
 
@@ -268,12 +271,9 @@ class LeaderCalls:
         try:
             response = await call
         except grpc.RpcError as error:
-            failure = error_from_rpc(error, queue=queue)
-            if never_sent(error):
-                raise LeaderUnreachable(failure.message) from None
             # Sent, then cut off or out of time: the leader may have applied it, which
             # UNAVAILABLE passed on per receipt would deny (a client may then act again).
-            raise unknown_if_sent(error, failure, "the call forwarded to the shard's leader failed") from None
+            raise forward_failure(error, queue=queue, what="the call forwarded to the shard's leader failed") from None
         return [None if r.ok else Reason(r.error.reason) for r in response.results]
 
     async def purge(self, leader: str, queue: str) -> int:
@@ -291,6 +291,20 @@ class LeaderCalls:
             return await self._stub(leader).GetQueueAttributes(request, metadata=FORWARDED, timeout=timeout_s)
         except grpc.RpcError as error:
             raise error_from_rpc(error, queue=queue) from None
+
+
+def forward_failure(error: grpc.RpcError, *, queue: str, what: str) -> ShardqError:
+    """How a call that changes messages, forwarded to their shard's leader, failed, as its
+    caller must hear it: the leader's own answer as the leader gave it (it knows what it
+    applied); LeaderUnreachable when the call never reached the leader (nothing applied:
+    it may be made again); OUTCOME_UNKNOWN when the connection failed or the time ran out
+    after it was sent (`what` failed, and may or may not have been applied)."""
+    failure = error_from_rpc(error, queue=queue)
+    if answered_by_shardq(error):
+        return failure
+    if never_sent(error):
+        return LeaderUnreachable(failure.message)
+    return unknown_if_sent(error, failure, what)
 
 
 def shards_away(queue: str, away: dict[int, ShardqError]) -> str:
