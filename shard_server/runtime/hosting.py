@@ -68,6 +68,14 @@ JOIN_OPEN_BATCHES_UP_TO_CALLS = 8
 # pauses (doubling), for up to a lease duration.
 FAILOVER_RETRY_FIRST_S = 0.05
 FAILOVER_RETRY_MAX_S = 0.5
+# A forwarded send whose leader applied nothing (it was not the leader any more, or never
+# reached: its port refused, its name not yet published) is tried again on fresh routes
+# for this many lease durations: the dead leader's lease runs out, is taken over, and the
+# new holder starts leading. Never past SEND_FOLLOWS_FAILOVER_WITHIN_S: the caller's
+# deadline (30 s by default) must leave room for the answer, or a send that was never
+# made would read as one that might have been.
+SEND_FOLLOWS_FAILOVER_LEASES = 3
+SEND_FOLLOWS_FAILOVER_WITHIN_S = 10.0
 
 
 @dataclasses.dataclass(slots=True)
@@ -458,17 +466,34 @@ class HostedQueue:
         return outcomes
 
     async def _send_remote(self, index: int, batch: list[NewMessage]) -> list[SendOutcome]:
-        try:
-            return await self._send_remote_once(index, batch)
-        except NotLeader:
-            # Leadership moved since the last route refresh: look again, once.
-            assert self.router is not None
-            await asyncio.to_thread(self.router.refresh)
-            return await self._send_remote_once(index, batch)
-
-    async def _send_remote_once(self, index: int, batch: list[NewMessage]) -> list[SendOutcome]:
+        """`batch` sent to shard `index`'s leader elsewhere, following the shard through a
+        failover: while its leader applies nothing (NOT_LEADER, or never reached), the
+        routes are read again and the send goes to whoever leads then, here included.
+        A client sending through a Service heard UNAVAILABLE for every send to a shard
+        whose leader had just died, or whose peer name was not yet published."""
         assert self.router is not None
-        return await self.router.calls.send_messages(self._leader_elsewhere(index), self.config.name, index, batch)
+        loop = asyncio.get_running_loop()
+        gives_up_at: float | None = None
+        pause_s = FAILOVER_RETRY_FIRST_S
+        while True:
+            shard = self.leader_here(index)
+            if shard is not None:  # leadership came here meanwhile
+                return await self._send_local(shard, batch)
+            try:
+                return await self.router.calls.send_messages(
+                    self._leader_elsewhere(index), self.config.name, index, batch
+                )
+            except (NotLeader, LeaderUnreachable):
+                if gives_up_at is None:
+                    lease_s = self.router.cluster.lease_duration_ms / 1000
+                    gives_up_at = loop.time() + min(
+                        SEND_FOLLOWS_FAILOVER_LEASES * lease_s, SEND_FOLLOWS_FAILOVER_WITHIN_S
+                    )
+                elif loop.time() + pause_s >= gives_up_at:
+                    raise
+            await asyncio.sleep(pause_s)
+            pause_s = min(2 * pause_s, FAILOVER_RETRY_MAX_S)
+            await asyncio.to_thread(self.router.refresh)
 
     # -- receive -----------------------------------------------------------------
     async def receive(
