@@ -78,6 +78,30 @@ SEND_FOLLOWS_FAILOVER_LEASES = 3
 SEND_FOLLOWS_FAILOVER_WITHIN_S = 10.0
 
 
+class LookingForTheNextLeader:
+    """The pace of a call that follows a shard whose leader applied nothing to the next
+    one: pauses doubling from FAILOVER_RETRY_FIRST_S to FAILOVER_RETRY_MAX_S, the routes
+    read again after each, until `within_s` after the first such answer."""
+
+    def __init__(self, router: Router, *, within_s: float) -> None:
+        self._router = router
+        self._within_s = within_s
+        self._gives_up_at: float | None = None
+        self._pause_s = FAILOVER_RETRY_FIRST_S
+
+    async def again(self) -> bool:
+        """Wait, then read the routes again; False, at once, once the time is up."""
+        now = asyncio.get_running_loop().time()
+        if self._gives_up_at is None:
+            self._gives_up_at = now + self._within_s
+        elif now >= self._gives_up_at:
+            return False
+        await asyncio.sleep(self._pause_s)
+        self._pause_s = min(2 * self._pause_s, FAILOVER_RETRY_MAX_S)
+        await asyncio.to_thread(self._router.refresh)
+        return True
+
+
 @dataclasses.dataclass(slots=True)
 class Peeked:
     """What a peek found: (shard, record, delivery) led here, and what other leaders
@@ -472,9 +496,10 @@ class HostedQueue:
         A client sending through a Service heard UNAVAILABLE for every send to a shard
         whose leader had just died, or whose peer name was not yet published."""
         assert self.router is not None
-        loop = asyncio.get_running_loop()
-        gives_up_at: float | None = None
-        pause_s = FAILOVER_RETRY_FIRST_S
+        lease_s = self.router.cluster.lease_duration_ms / 1000
+        looking = LookingForTheNextLeader(
+            self.router, within_s=min(SEND_FOLLOWS_FAILOVER_LEASES * lease_s, SEND_FOLLOWS_FAILOVER_WITHIN_S)
+        )
         while True:
             shard = self.leader_here(index)
             if shard is not None:  # leadership came here meanwhile
@@ -484,16 +509,8 @@ class HostedQueue:
                     self._leader_elsewhere(index), self.config.name, index, batch
                 )
             except (NotLeader, LeaderUnreachable):
-                if gives_up_at is None:
-                    lease_s = self.router.cluster.lease_duration_ms / 1000
-                    gives_up_at = loop.time() + min(
-                        SEND_FOLLOWS_FAILOVER_LEASES * lease_s, SEND_FOLLOWS_FAILOVER_WITHIN_S
-                    )
-                elif loop.time() + pause_s >= gives_up_at:
+                if not await looking.again():
                     raise
-            await asyncio.sleep(pause_s)
-            pause_s = min(2 * pause_s, FAILOVER_RETRY_MAX_S)
-            await asyncio.to_thread(self.router.refresh)
 
     # -- receive -----------------------------------------------------------------
     async def receive(
@@ -911,9 +928,7 @@ class HostedQueue:
 
             async def act_elsewhere(index: int, items: list[tuple[int, Receipt]]) -> None:
                 assert self.router is not None
-                loop = asyncio.get_running_loop()
-                gives_up_at: float | None = None
-                pause_s = FAILOVER_RETRY_FIRST_S
+                looking = LookingForTheNextLeader(self.router, within_s=self.router.cluster.lease_duration_ms / 1000)
                 while True:
                     shard = self.leader_here(index)
                     if shard is not None:  # leadership came here meanwhile
@@ -936,24 +951,17 @@ class HostedQueue:
                         ]
                     else:
                         record(items, [Reason.NOT_LEADER] * len(items))
-                    if not items:
-                        return
-                    if gives_up_at is None:
-                        # A shard failing over has its new leader within about a lease duration
-                        # of the first NOT_LEADER: the old lease expires, is taken over, and the
-                        # new holder starts leading. (Counted from the answer, not the call: a
-                        # stopped leader answers only once it runs again, seconds later.)
-                        gives_up_at = loop.time() + self.router.cluster.lease_duration_ms / 1000
-                    elif loop.time() >= gives_up_at:
-                        return
                     # Leadership moved since the last route refresh (a leader that was
                     # stopped or cut off answers NOT_LEADER once it learns, and the lease's
                     # new holder may not lead yet): look again, for up to a lease duration.
-                    # The claims live on in the new leader, so acting there keeps a delete
-                    # from turning into a redelivery.
-                    await asyncio.sleep(pause_s)
-                    pause_s = min(2 * pause_s, FAILOVER_RETRY_MAX_S)
-                    await asyncio.to_thread(self.router.refresh)
+                    # A shard failing over has its new leader within about a lease duration
+                    # of the first NOT_LEADER: the old lease expires, is taken over, and the
+                    # new holder starts leading. (Counted from the answer, not the call: a
+                    # stopped leader answers only once it runs again, seconds later.) The
+                    # claims live on in the new leader, so acting there keeps a delete from
+                    # turning into a redelivery.
+                    if not items or not await looking.again():
+                        return
 
             local: list[tuple[HostedShard, list[tuple[int, Receipt]], asyncio.Future[list[Reason | None]]]] = []
             remote = []
