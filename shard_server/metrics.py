@@ -116,6 +116,13 @@ SENDS_REFUSED = Counter(
     (*_LABELS, "reason"),
     registry=REGISTRY,
 )
+SENDS_MOVED = Counter(
+    "shardq_messages_moved_off_unled_shards",
+    "Messages of unkeyed sends stored on another shard than the one chosen, whose leader"
+    " this server could not reach (dead, not yet known): by the shard they were moved off.",
+    _LABELS,
+    registry=REGISTRY,
+)
 PURGES = Counter("shardq_purges", "Purge requests this server applied.", ("queue",), registry=REGISTRY)
 PURGED = Counter("shardq_messages_purged", "Messages removed by purges.", _LABELS, registry=REGISTRY)
 BYTES_IN = Counter("shardq_message_bytes_in", "Body bytes of messages stored by send.", _LABELS, registry=REGISTRY)

@@ -449,7 +449,7 @@ class HostedQueue:
                 elif forwarded or self.router is None:
                     raise self.not_leader(index)
                 else:
-                    stored = await self._send_remote(index, batch)
+                    stored = await self._send_remote(index, batch, movable=shard is None and not keyed)
             except ShardqError as error:
                 if local is not None:  # a remote leader counts its own refusals
                     metrics.SENDS_REFUSED.labels(self.config.name, str(index), error.reason.value).inc(len(positions))
@@ -489,12 +489,14 @@ class HostedQueue:
             shard.duplicates.inc(duplicates)
         return outcomes
 
-    async def _send_remote(self, index: int, batch: list[NewMessage]) -> list[SendOutcome]:
-        """`batch` sent to shard `index`'s leader elsewhere, following the shard through a
-        failover: while its leader applies nothing (NOT_LEADER, or never reached), the
-        routes are read again and the send goes to whoever leads then, here included.
-        A client sending through a Service heard UNAVAILABLE for every send to a shard
-        whose leader had just died, or whose peer name was not yet published."""
+    async def _send_remote(self, index: int, batch: list[NewMessage], *, movable: bool) -> list[SendOutcome]:
+        """`batch` sent to shard `index`'s leader elsewhere. While that leader applies
+        nothing (NOT_LEADER, or never reached), a `movable` batch (unkeyed, unpinned:
+        any shard will do) goes to another shard's leader at once; otherwise, or when no
+        other leader takes it, it follows the shard through its failover: the routes are
+        read again and the send goes to whoever leads then, here included. A client
+        sending through a Service heard UNAVAILABLE for every send to a shard whose leader
+        had just died, or whose peer name was not yet published."""
         assert self.router is not None
         lease_s = self.router.cluster.lease_duration_ms / 1000
         looking = LookingForTheNextLeader(
@@ -509,8 +511,35 @@ class HostedQueue:
                     self._leader_elsewhere(index), self.config.name, index, batch
                 )
             except (NotLeader, LeaderUnreachable):
+                if movable:
+                    movable = False  # once: the other leaders were just asked
+                    moved = await self._send_to_another_shard(index, batch)
+                    if moved is not None:
+                        return moved
                 if not await looking.again():
                     raise
+
+    async def _send_to_another_shard(self, unled: int, batch: list[NewMessage]) -> list[SendOutcome] | None:
+        """An unkeyed batch meant for shard `unled`, whose leader applied nothing, stored
+        on another shard: one led here first (no hop), then the others' leaders in turn;
+        None if none of them could be reached either."""
+        assert self.router is not None
+        others = [(unled + offset) % self.config.shards for offset in range(1, self.config.shards)]
+        for index in sorted(others, key=lambda index: self.leader_here(index) is None):
+            local = self.leader_here(index)
+            try:
+                if local is not None:
+                    outcomes = await self._send_local(local, batch)
+                else:
+                    leader = self._route_elsewhere(index)
+                    if not leader:
+                        continue
+                    outcomes = await self.router.calls.send_messages(leader, self.config.name, index, batch)
+            except (NotLeader, LeaderUnreachable):
+                continue
+            metrics.SENDS_MOVED.labels(self.config.name, str(unled)).inc(len(batch))
+            return outcomes
+        return None
 
     # -- receive -----------------------------------------------------------------
     async def receive(

@@ -4,9 +4,11 @@
   so the caller hears OUTCOME_UNKNOWN, as it does when its own connection to a leader
   fails mid-call. It heard UNAVAILABLE ("nothing stored"), and a producer that sends
   again on UNAVAILABLE, as producers do, could store the message twice.
-- A send that cannot reach the leader (its port refused) applied nothing: it follows the
-  shard to its next leader once the lease is taken over, rather than failing at once, and
-  says UNAVAILABLE only when no new leader comes within its bound.
+- A send that cannot reach the leader (its port refused) applied nothing. One whose
+  messages may go to any shard (unkeyed, unpinned) goes to another shard's leader at
+  once. Any other follows the shard to its next leader once the lease is taken over,
+  rather than failing at once, and says UNAVAILABLE only when no new leader comes
+  within its bound.
 
 Real servers and real signals: the leader is SIGSTOPped so that the forwarded request is
 certainly on its way and unanswered, then SIGKILLed, which cuts the connection under it.
@@ -32,6 +34,7 @@ from shardq.coordination.fencing import build_takeover, is_expired
 from shardq.coordination.leases import LeaseRecord
 from shardq.errors import Reason
 from shardq.status import error_from_rpc
+from tests.integration.scraping import samples, scrape_text, value
 from tests.support.clusters import THREE_LEADERS, Cluster, every_shard_led, running
 from tests.support.servers import wait_for
 
@@ -128,3 +131,28 @@ def test_a_send_through_another_server_follows_the_shard_to_its_next_leader(fail
         request = queue_pb2.ReceiveMessagesRequest(queue=QUEUE, shard=SHARD_LED_BY_S2, max_messages=10, peek=True)
         shown = queue_pb2_grpc.QueueServiceStub(to_s3).ReceiveMessages(request, timeout=10).messages
     assert sorted(message.body for message in shown) == [b"before", b"during the failover"]
+
+
+@pytest.mark.timeout(120)
+def test_unkeyed_sends_through_another_server_go_to_the_shards_that_are_led(cluster: Cluster) -> None:
+    """The leader of shard 1 dies and nobody takes its lease of a minute over: every send
+    that could go to any shard is stored at once, on shards 0 and 2."""
+    with grpc.insecure_channel(cluster.endpoint("s1")) as channel:
+        stub = queue_pb2_grpc.QueueServiceStub(channel)
+        wait_for(lambda: every_shard_led(stub), timeout=30, what="every shard led")
+        cluster.kill("s2")
+        shards = []
+        for n in range(12):  # one in three is meant for shard 1, round robin
+            request = queue_pb2.SendMessagesRequest(queue=QUEUE, messages=[queue_pb2.MessageToSend(body=b"%d" % n)])
+            # Well inside the 10 s a send for shard 1 alone would wait for a new leader.
+            (stored,) = stub.SendMessages(request, timeout=5).results
+            assert not stored.HasField("error"), stored.error
+            shards.append(stored.shard)
+    assert set(shards) == {0, 2}
+    moved = value(
+        samples(scrape_text(cluster.metrics_url("s1"))),
+        "shardq_messages_moved_off_unled_shards_total",
+        queue=QUEUE,
+        shard="1",
+    )
+    assert moved >= 1, "some sends were meant for shard 1 and moved off it"
