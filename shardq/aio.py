@@ -123,6 +123,21 @@ def _send_request(queue: str, shard: int | None, messages: Sequence[Message]) ->
     return request
 
 
+def _any_shard_may_take(request: queue_pb2.SendMessagesRequest) -> bool:
+    """Whether no message of the send names a group or a dedup id (which choose the
+    shard): the shard the client chose for it may then be any other."""
+    return not any(message.group_id or message.dedup_id for message in request.messages)
+
+
+def _unpinned(request: queue_pb2.SendMessagesRequest) -> queue_pb2.SendMessagesRequest:
+    """The send without the shard the client chose for it: for the endpoint to place on a
+    shard that is led, when the chosen shard's leader cannot be reached."""
+    unpinned = queue_pb2.SendMessagesRequest()
+    unpinned.CopyFrom(request)
+    unpinned.ClearField("shard")
+    return unpinned
+
+
 class ProducerStream:
     """One SendStream: batches go out tagged with an id; answers come back by id."""
 
@@ -374,7 +389,15 @@ class AsyncClient:
         self._routes.pop(queue, None)
 
     async def _routed(
-        self, queue: str, address: str, method: str, request: Any, *, idempotent: bool, timeout: float = 30
+        self,
+        queue: str,
+        address: str,
+        method: str,
+        request: Any,
+        *,
+        idempotent: bool,
+        timeout: float = 30,
+        endpoint_request: Callable[[], Any] | None = None,
     ) -> Any:
         """Call a leader directly; if it is not the leader (nothing was written), refresh
         the map and let the endpoint (which forwards) answer instead. An unreachable
@@ -382,7 +405,11 @@ class AsyncClient:
         answer are retried then: a send with dedup ids answers with the original id,
         a receive only delays what it claimed. A repeated delete would answer
         MESSAGE_NOT_FOUND for a delete that succeeded, so receipt operations raise
-        OutcomeUnknown instead (the outcome is unknown to the caller)."""
+        OutcomeUnknown instead (the outcome is unknown to the caller).
+
+        `endpoint_request`, when given, makes what the endpoint gets instead: a call any
+        shard can serve (an unkeyed send), which then does not wait for this leader to
+        accept a connection either."""
         try:
             return await self._unary(
                 getattr(self._leader_stub(address), method),
@@ -391,6 +418,7 @@ class AsyncClient:
                 timeout=timeout,
                 idempotent=idempotent,
                 channel=self._leader_channels.get(address),
+                connect_grace_s=CONNECT_GRACE_S if endpoint_request is None else 0.0,
             )
         except NotLeader:
             self._forget_routes(queue)
@@ -399,7 +427,11 @@ class AsyncClient:
             # A failure during the call raised OutcomeUnknown instead, unless idempotent.
             self._forget_routes(queue)
         return await self._unary(
-            getattr(self._stub, method), request, queue=queue, timeout=timeout, idempotent=idempotent
+            getattr(self._stub, method),
+            request if endpoint_request is None else endpoint_request(),
+            queue=queue,
+            timeout=timeout,
+            idempotent=idempotent,
         )
 
     def _addresses_of_receipts(self, routes: _QueueRoutes, receipts: Sequence[str]) -> list[str]:
@@ -445,17 +477,18 @@ class AsyncClient:
         timeout: float = DEFAULT_CALL_TIMEOUT_S,
         idempotent: bool = True,
         channel: grpc.aio.Channel | None = None,
+        connect_grace_s: float = CONNECT_GRACE_S,
     ) -> Any:
         """One call on `channel` (the endpoint's unless given). While the channel cannot
         connect (a server restarting), the call waits for it to connect, for up to
-        CONNECT_GRACE_S, and is sent again: nothing was sent, so any call may be. The
+        `connect_grace_s`, and is sent again: nothing was sent, so any call may be. The
         wait is for the connection alone, never for a call already sent: a call that
         a late connection carried to the server may have been applied, so its deadline
         cannot pass for "never sent" (a send repeated on that word was stored twice).
         A connection that fails during a call that is not idempotent raises
         OutcomeUnknown: it may have been applied, and repeating it would not say."""
         loop = asyncio.get_running_loop()
-        grace_ends = loop.time() + CONNECT_GRACE_S
+        grace_ends = loop.time() + connect_grace_s
         while True:
             try:
                 return await method(request, timeout=timeout)
@@ -544,7 +577,14 @@ class AsyncClient:
             # (OUTCOME_UNKNOWN), dedup ids or not, rather than "reached no server".
             response = await self._unary(self._stub.SendMessages, request, queue=queue, idempotent=False)
         else:
-            response = await self._routed(queue, address, "SendMessages", request, idempotent=idempotent)
+            response = await self._routed(
+                queue,
+                address,
+                "SendMessages",
+                request,
+                idempotent=idempotent,
+                endpoint_request=functools.partial(_unpinned, request) if _any_shard_may_take(request) else None,
+            )
         return response
 
     async def _send_on_stream(

@@ -23,16 +23,18 @@ import os
 import pathlib
 import signal
 import time
+import zlib
 from collections.abc import Iterator
 
 import grpc
 import pytest
 
 from shard_server.runtime.hosting import SEND_FOLLOWS_FAILOVER_WITHIN_S
+from shardq import Client, Message
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.coordination.fencing import build_takeover, is_expired
 from shardq.coordination.leases import LeaseRecord
-from shardq.errors import Reason
+from shardq.errors import Reason, Unavailable
 from shardq.status import error_from_rpc
 from tests.integration.scraping import samples, scrape_text, value
 from tests.support.clusters import THREE_LEADERS, Cluster, every_shard_led, running
@@ -156,3 +158,23 @@ def test_unkeyed_sends_through_another_server_go_to_the_shards_that_are_led(clus
         shard="1",
     )
     assert moved >= 1, "some sends were meant for shard 1 and moved off it"
+
+
+@pytest.mark.timeout(120)
+def test_a_clients_unkeyed_sends_go_to_the_shards_that_are_led(cluster: Cluster) -> None:
+    """The client sends each shard's part straight to its leader. With shard 1's leader
+    dead (and, its lease of a minute untaken, no new one coming), a send it chose shard 1
+    for goes to the server it was given, unpinned, which places it on a led shard; a send
+    with a dedup id stays with its shard and says UNAVAILABLE, for nothing took it."""
+    with grpc.insecure_channel(cluster.endpoint("s1")) as channel:
+        wait_for(lambda: every_shard_led(queue_pb2_grpc.QueueServiceStub(channel)), timeout=30, what="every shard led")
+    with Client(cluster.endpoint("s1")) as client:
+        client.send_messages(QUEUE, [Message(b"routes known")])
+        cluster.kill("s2")
+        stored = [client.send_messages(QUEUE, [Message(b"%d" % n)])[0] for n in range(12)]
+        assert [result.error_reason for result in stored] == [""] * 12
+        assert {result.shard for result in stored} == {0, 2}
+        # A dedup id whose shard is 1 (crc32 of it, modulo 3).
+        keyed = next(f"k{n}" for n in range(100) if zlib.crc32(f"k{n}".encode()) % 3 == SHARD_LED_BY_S2)
+        with pytest.raises(Unavailable):
+            client.send_messages(QUEUE, [Message(b"keyed", dedup_id=keyed)])
