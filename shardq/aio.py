@@ -397,7 +397,7 @@ class AsyncClient:
         *,
         idempotent: bool,
         timeout: float = 30,
-        endpoint_request: Callable[[], Any] | None = None,
+        any_shard: bool = False,
     ) -> Any:
         """Call a leader directly; if it is not the leader (nothing was written), refresh
         the map and let the endpoint (which forwards) answer instead. An unreachable
@@ -407,9 +407,9 @@ class AsyncClient:
         MESSAGE_NOT_FOUND for a delete that succeeded, so receipt operations raise
         OutcomeUnknown instead (the outcome is unknown to the caller).
 
-        `endpoint_request`, when given, makes what the endpoint gets instead: a call any
-        shard can serve (an unkeyed send), which then does not wait for this leader to
-        accept a connection either."""
+        A call `any_shard` may serve (an unkeyed send) does not wait for this leader to
+        accept a connection: the endpoint gets it at once, without the shard the client
+        chose, to place on a shard that is led."""
         try:
             return await self._unary(
                 getattr(self._leader_stub(address), method),
@@ -418,7 +418,7 @@ class AsyncClient:
                 timeout=timeout,
                 idempotent=idempotent,
                 channel=self._leader_channels.get(address),
-                connect_grace_s=CONNECT_GRACE_S if endpoint_request is None else 0.0,
+                connect_grace_s=0.0 if any_shard else CONNECT_GRACE_S,
             )
         except NotLeader:
             self._forget_routes(queue)
@@ -428,7 +428,7 @@ class AsyncClient:
             self._forget_routes(queue)
         return await self._unary(
             getattr(self._stub, method),
-            request if endpoint_request is None else endpoint_request(),
+            _unpinned(request) if any_shard else request,
             queue=queue,
             timeout=timeout,
             idempotent=idempotent,
@@ -583,7 +583,7 @@ class AsyncClient:
                 "SendMessages",
                 request,
                 idempotent=idempotent,
-                endpoint_request=functools.partial(_unpinned, request) if _any_shard_may_take(request) else None,
+                any_shard=_any_shard_may_take(request),
             )
         return response
 
