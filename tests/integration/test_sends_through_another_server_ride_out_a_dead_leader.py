@@ -88,7 +88,7 @@ def test_a_forwarded_send_cut_off_is_outcome_unknown_and_one_never_sent_is_unava
         os.kill(leader.pid, signal.SIGSTOP)
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
             cut_off = pool.submit(failure_of, stub, b"cut off")
-            time.sleep(1.0)  # forwarded and waiting on the stopped leader
+            time.sleep(2.0)  # forwarded and waiting on the stopped leader (s1 is idle: ample)
             assert not cut_off.done(), "the forwarded send waits for the stopped leader"
             cluster.kill("s2")
             assert cut_off.result(timeout=15) is Reason.OUTCOME_UNKNOWN
