@@ -6,11 +6,12 @@ replication requests, like a non-peer's, are refused."""
 from __future__ import annotations
 
 import time
+import zlib
 
 import grpc
 import pytest
 
-from shardq import Client
+from shardq import Client, Message
 from shardq.api.v1 import replication_pb2, replication_pb2_grpc
 from shardq.coordination.fencing import build_takeover, is_expired, isr_of
 from shardq.coordination.leases import LeaseRecord
@@ -74,6 +75,13 @@ def fail_over_and_check(cluster: Cluster) -> None:
         after = [f"after-{i}".encode() for i in range(20)]
         for start in range(0, len(after), 10):
             send_until_accepted(client, after[start : start + 10], shard_hint="after failover")
+        # Those may all have gone to shard 1: a send any shard may take is stored on a led
+        # one rather than wait for shard 0's new leader. Sends whose dedup ids choose shard
+        # 0 can only be stored by its new leader, which the client must find.
+        on_shard_0 = [f"after-keyed-{i}" for i in range(40) if zlib.crc32(f"after-keyed-{i}".encode()) % 2 == 0][:5]
+        keyed = client.send_messages("orders", [Message(key.encode(), dedup_id=key) for key in on_shard_0])
+        assert [(result.error_reason, result.shard) for result in keyed] == [("", 0)] * len(on_shard_0)
+        after += [key.encode() for key in on_shard_0]
         routes = client.describe("orders")
         assert routes[0].leader_address == cluster.endpoint(candidate)
         assert routes[0].epoch == old.transitions + 1
