@@ -10,8 +10,11 @@ Service, as a host client must: the server forwards to the leader). Each trial:
      process SIGKILLed inside the container (`process`: the kubelet restarts it in place);
   3. the time is from the kill to the first send acknowledged after it that the new
      leader answered (a send acknowledged by the dying leader before it died is not it:
-     only acknowledgements after at least one failed send count, and the Shard's epoch
-     must have moved).
+     only an acknowledgement after a failed send, or of a send that waited out the
+     failover, counts, and the Shard's epoch must have moved). The server a send reaches
+     holds a send for a dead leader's shard until the next leader takes it (for up to
+     10 s), so most trials see a send wait rather than fail; the failed sends of each
+     trial are counted too.
 
 Results: p50 / max per kind, every trial, JSON in bench/results/failover-real-node.json
 and a plot beside it. Uses the node `e2e/cluster up` left running, else brings one up
@@ -48,8 +51,12 @@ from e2e.processes import server_pid
 from e2e.realnode import Layout, NodeInfo, down, state_dir, status, up
 from e2e.test_operator_runs_queues_on_a_shardq_cluster import apply, create_cluster, queue_ready, shard_leaders
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
+from shardq.status import error_from_rpc
 
-SEND_TIMEOUT_S = 2.0
+SEND_TIMEOUT_S = 12.0  # above the 10 s a server holds a send for a shard without a leader
+# A send answered this long after it went out waited for the failover: sends to a led
+# shard through the Service take milliseconds.
+WAITED_OUT_S = 0.1
 TRIAL_TIMEOUT_S = 60.0
 
 
@@ -58,12 +65,13 @@ def say(text: str) -> None:
 
 
 class Sender(threading.Thread):
-    """One send to shard 0 in flight at a time; records (monotonic time answered, ok)."""
+    """One send to shard 0 in flight at a time; records (monotonic time sent, answered,
+    the failure's reason or "" when acknowledged)."""
 
     def __init__(self, endpoint: str) -> None:
         super().__init__(daemon=True)
         self.endpoint = endpoint
-        self.answers: list[tuple[float, bool]] = []
+        self.answers: list[tuple[float, float, str]] = []
         self.stopping = threading.Event()
         self.lock = threading.Lock()
 
@@ -76,26 +84,29 @@ class Sender(threading.Thread):
                     queue="timed", shard=0, messages=[queue_pb2.MessageToSend(body=f"m{sent}".encode())]
                 )
                 sent += 1
+                began = time.monotonic()
                 try:
                     response = stub.SendMessages(request, timeout=SEND_TIMEOUT_S)
-                    ok = all(not result.HasField("error") for result in response.results)
-                except grpc.RpcError:
-                    ok = False
+                    failure = next((r.error.reason for r in response.results if r.HasField("error")), "")
+                except grpc.RpcError as error:
+                    failure = error_from_rpc(error).reason.value
                 with self.lock:
-                    self.answers.append((time.monotonic(), ok))
-                if not ok:
+                    self.answers.append((began, time.monotonic(), failure))
+                if failure:
                     time.sleep(0.01)
 
-    def first_recovery_after(self, start: float) -> float | None:
-        """When the first send acknowledged after a failure following `start` was answered."""
+    def first_recovery_after(self, start: float) -> tuple[float, list[str]] | None:
+        """When the first send acknowledged after a failure following `start`, or after
+        waiting out the failover, was answered; and the reasons of the sends that failed
+        before it."""
         with self.lock:
-            answers = [answer for answer in self.answers if answer[0] >= start]
-        failed = False
-        for answered, ok in answers:
-            if not ok:
-                failed = True
-            elif failed:
-                return answered
+            answers = [answer for answer in self.answers if answer[1] >= start]
+        failed: list[str] = []
+        for began, answered, failure in answers:
+            if failure:
+                failed.append(failure)
+            elif failed or answered - max(began, start) >= WAITED_OUT_S:
+                return answered, failed
         return None
 
 
@@ -140,7 +151,7 @@ def run_trials(info: NodeInfo, trials: int, kinds: list[str], work: pathlib.Path
                             victim, epoch = shard_leaders(api, namespace, "timed")[0]
                             killed = time.monotonic()
                             kill(kind, api, namespace, victim)
-                            recovered = wait_for(
+                            recovered, failed = wait_for(
                                 lambda killed=killed: sender.first_recovery_after(killed),
                                 timeout=TRIAL_TIMEOUT_S,
                                 interval=0.05,
@@ -164,9 +175,13 @@ def run_trials(info: NodeInfo, trials: int, kinds: list[str], work: pathlib.Path
                                     "leader": leader,
                                     "epoch": new_epoch,
                                     "seconds": seconds,
+                                    "failed_sends": failed,
                                 }
                             )
-                            say(f"{kind} trial {trial + 1}/{trials}: {victim} -> {leader} in {seconds:.2f} s")
+                            say(
+                                f"{kind} trial {trial + 1}/{trials}: {victim} -> {leader} in {seconds:.2f} s, "
+                                f"sends failed: {', '.join(failed) or 'none'}"
+                            )
                 finally:
                     sender.stopping.set()
                     sender.join(timeout=10)
@@ -183,6 +198,7 @@ def run_trials(info: NodeInfo, trials: int, kinds: list[str], work: pathlib.Path
             "p50_s": statistics.median(row["seconds"] for row in rows),
             "max_s": max(row["seconds"] for row in rows),
             "min_s": min(row["seconds"] for row in rows),
+            "failed_sends": sum(len(row["failed_sends"]) for row in rows),
         }
         for kind, rows in results.items()
         if rows
