@@ -33,8 +33,9 @@ def write_lease_for_new_shard(
 ) -> LeaseRecord:
     """Create the shard's lease, or move a namesake's left lease to the next epoch
     (`lease_for_new_shard`), reading it again whenever someone wrote it in between; the
-    lease as stored. Raises the last LeaseConflict after NEW_SHARD_LEASE_ATTEMPTS."""
-    for attempt in range(1, NEW_SHARD_LEASE_ATTEMPTS + 1):
+    lease as stored. The last of NEW_SHARD_LEASE_ATTEMPTS raises its LeaseConflict."""
+
+    def attempt() -> LeaseRecord:
         existing = store.get(lease_name(shard))
         record = lease_for_new_shard(
             existing,
@@ -44,9 +45,11 @@ def write_lease_for_new_shard(
             duration_ms=duration_ms,
             queue_uid=queue_uid,
         )
+        return store.create(record) if existing is None else store.update(record)
+
+    for _ in range(NEW_SHARD_LEASE_ATTEMPTS - 1):
         try:
-            return store.create(record) if existing is None else store.update(record)
+            return attempt()
         except LeaseConflict:
-            if attempt == NEW_SHARD_LEASE_ATTEMPTS:
-                raise
-    raise AssertionError("unreachable: the last attempt returns or raises")
+            continue  # someone wrote it since it was read: read it again
+    return attempt()
