@@ -13,8 +13,8 @@ Service, as a host client must: the server forwards to the leader). Each trial:
      only an acknowledgement after a failed send, or of a send that waited out the
      failover, counts, and the Shard's epoch must have moved). The server a send reaches
      holds a send for a dead leader's shard until the next leader takes it (for up to
-     10 s), so most trials see a send wait rather than fail; the failed sends of each
-     trial are counted too.
+     10 s), so the sends after the one in flight at the kill wait rather than fail; the
+     failed sends of each trial are recorded with their reasons.
 
 Results: p50 / max per kind, every trial, JSON in bench/results/failover-real-node.json
 and a plot beside it. Uses the node `e2e/cluster up` left running, else brings one up
