@@ -608,11 +608,16 @@ class GroupCommitter:
         running.add_done_callback(finished)
         return await running
 
+    async def until_idle(self) -> None:
+        """Return once no batch is queued or running (the answers to a replicated shard's
+        writes may still wait for their replication)."""
+        while self._busy or self._pending:
+            await self._idle.wait()
+
     async def close(self) -> None:
         """Stop taking requests and finish every commit already queued."""
         self._closed = True
-        while self._busy or self._pending:
-            await self._idle.wait()
+        await self.until_idle()
         if self._exclusive:
             await asyncio.wait(set(self._exclusive))
 

@@ -70,6 +70,9 @@ ISR_LAG_MS = 1_000
 # followers' first answers, or a silent follower dropped from the ISR (ISR_LAG_MS,
 # then a lease write).
 READERS_WAIT_FOR_COMMIT_S = 3.0
+# How long a leader handing off waits for the writes it took to commit first: a silent
+# follower leaves the ISR after ISR_LAG_MS and a lease write, and they commit without it.
+HAND_OFF_FINISHES_WRITES_WITHIN_S = 2.0
 SNAPSHOT_CHUNK = 1 << 20
 
 
@@ -167,6 +170,8 @@ class ShardReplica:
         self._joining: frozenset[str] = frozenset()
         self._reopen = reopen
         self._serving_until_ms = 0
+        # Set while a leader handing off finishes the writes it took (see hand_off).
+        self._finishing_writes = False
         self._renewed_at_ms = 0
         # Whether the lapse going on now (see _count_lapse_if_any) was counted.
         self._lapse_counted = False
@@ -196,7 +201,7 @@ class ShardReplica:
 
     # -- what the rest of the server asks ------------------------------------------
     def is_serving(self) -> bool:
-        return self.role is Role.LEADER and monotonic_ms() < self._serving_until_ms
+        return self.role is Role.LEADER and not self._finishing_writes and monotonic_ms() < self._serving_until_ms
 
     @property
     def in_sync(self) -> bool:
@@ -217,9 +222,9 @@ class ShardReplica:
 
     def require_serving(self) -> None:
         if not self.is_serving():
-            raise NotLeader(
-                f"{self.name}: this server ({self.server_id}) does not lead the shard", leader=self.leader_address()
-            )
+            # A leader handing off names nobody: the lease is about to name its heir.
+            leader = "" if self._finishing_writes else self.leader_address()
+            raise NotLeader(f"{self.name}: this server ({self.server_id}) does not lead the shard", leader=leader)
 
     def note_local_commit(self, index: int) -> None:
         """The leader wrote entry `index` locally; wake the shippers."""
@@ -486,6 +491,7 @@ class ShardReplica:
                 self._leadership_changes("lost").inc()
         self.role = Role.FOLLOWER
         self._serving_until_ms = 0
+        self._finishing_writes = False
         self._lapse_counted = False
         # Fail waiting writes first, synchronously: nothing below may prevent it.
         self._fail_waiters()
@@ -504,9 +510,26 @@ class ShardReplica:
         the most of the log is chosen; every in-sync follower holds every committed entry,
         and writes not yet committed were answered as unknown when this leader stepped
         down. The heir's name, or "" when there was nothing to hand off (the lease then
-        expires and failover decides, as before)."""
+        expires and failover decides, as before).
+
+        The writes already taken are answered first: this replica takes no new calls
+        (NOT_LEADER: the caller follows the shard or, unkeyed, moves to another one),
+        and its committer's batches commit, until HAND_OFF_FINISHES_WRITES_WITHIN_S.
+        Stepping down at once answered each of them OUTCOME_UNKNOWN, at every rolling
+        restart, though they were a heartbeat from committing."""
         if self.role is not Role.LEADER:
             return ""
+        self._finishing_writes = True
+        try:
+            await asyncio.wait_for(self._writes_finished(), timeout=HAND_OFF_FINISHES_WRITES_WITHIN_S)
+        except TimeoutError:
+            log.warning(
+                "%s: writes still uncommitted after %gs of handing off: answered as unknown",
+                self.name,
+                HAND_OFF_FINISHES_WRITES_WITHIN_S,
+            )
+        if self.role is not Role.LEADER:
+            return ""  # the lease was lost meanwhile: the waiting writes were answered
         epoch = self.shard.epoch
         match = dict(self._match)
         await self.step_down("handing leadership off", handing_off=True)
@@ -517,6 +540,13 @@ class ShardReplica:
         self._leadership_changes("handed-off").inc()
         log.info("%s: leadership handed to %s at epoch %d", self.name, heir, epoch + 1)
         return heir
+
+    async def _writes_finished(self) -> None:
+        """Once every batch queued here has been written and replicated (or the lease was
+        lost, which answers the waiting writes)."""
+        await self.shard.committer.until_idle()
+        with contextlib.suppress(OutcomeUnknown):
+            await self.wait_committed(self.shard.last_written_index, self.shard.epoch)
 
     async def _pass_lease(self, epoch: int, match: dict[str, int]) -> str:
         """Give the lease of `epoch` to the in-sync follower holding the most of the log;
