@@ -72,7 +72,9 @@ ISR_LAG_MS = 1_000
 READERS_WAIT_FOR_COMMIT_S = 3.0
 # How long a leader handing off waits for the writes it took to commit first: a silent
 # follower leaves the ISR after ISR_LAG_MS and a lease write, and they commit without it.
-HAND_OFF_FINISHES_WRITES_WITHIN_S = 2.0
+# Below the kubelet's 2 s minimum grace (a pod deleted with a grace period of 0), so that
+# the lease is still passed on before SIGKILL.
+HAND_OFF_FINISHES_WRITES_WITHIN_S = 1.5
 SNAPSHOT_CHUNK = 1 << 20
 
 
