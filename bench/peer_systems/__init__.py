@@ -22,6 +22,7 @@ The workload's three operations, SQS's shape, in each system's own idiom:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import os
@@ -30,10 +31,12 @@ import socket
 import subprocess
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 VISIBILITY_TIMEOUT_S = 30
 STOP_WAIT_S = 10.0
+
+C = TypeVar("C")
 
 
 class PeerQueue(Protocol):
@@ -112,3 +115,46 @@ def child_process(
         yield process
     finally:
         stop(process)
+
+
+class SharedConnection(Generic[C]):
+    """A process's one client connection, for systems whose clients multiplex (NATS, AMQP):
+    opened by the first handle, closed with the last. Kept per event loop: a connection
+    belongs to the loop that opened it, and a harness may run several loops in turn
+    inside one `running`."""
+
+    def __init__(
+        self,
+        connect: Callable[[], Awaitable[C]],
+        *,
+        close: Callable[[C], Awaitable[None]],
+        is_closed: Callable[[C], bool],
+    ) -> None:
+        self._connect = connect
+        self._close = close
+        self._is_closed = is_closed
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock: asyncio.Lock | None = None
+        self._connection: C | None = None
+        self._users = 0
+
+    async def acquire(self) -> C:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._lock is None:
+            # A connection left behind by an earlier, finished loop cannot be used (or
+            # closed) from this one; its socket went with that loop.
+            self._loop, self._lock, self._connection, self._users = loop, asyncio.Lock(), None, 0
+        async with self._lock:
+            if self._connection is None or self._is_closed(self._connection):
+                self._connection = await self._connect()
+            self._users += 1
+            return self._connection
+
+    async def release(self) -> None:
+        if self._lock is None or self._loop is not asyncio.get_running_loop():
+            return
+        async with self._lock:
+            self._users -= 1
+            if self._users <= 0 and self._connection is not None:
+                connection, self._connection, self._users = self._connection, None, 0
+                await self._close(connection)

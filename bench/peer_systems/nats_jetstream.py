@@ -52,7 +52,15 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
-from peer_systems import VISIBILITY_TIMEOUT_S, PeerQueue, Running, child_process, free_port, wait_for_port
+from peer_systems import (
+    VISIBILITY_TIMEOUT_S,
+    PeerQueue,
+    Running,
+    SharedConnection,
+    child_process,
+    free_port,
+    wait_for_port,
+)
 
 NAME = "nats"
 
@@ -147,45 +155,20 @@ async def _create_queue(url: str, queue: str) -> str:
         await nc.close()
 
 
-class _SharedConnection:
-    """The process's one NATS connection, opened by the first handle and closed with the
-    last. Kept per event loop: a connection belongs to the loop that opened it, and a
-    harness may run several loops in turn inside one `running`."""
+def _shared_connection(url: str) -> SharedConnection[NatsClient]:
+    """The process's one connection, as the system advises (it multiplexes)."""
 
-    def __init__(self, url: str) -> None:
-        self._url = url
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._lock: asyncio.Lock | None = None
-        self._nc: NatsClient | None = None
-        self._users = 0
+    async def close(connection: NatsClient) -> None:
+        await connection.close()
 
-    async def acquire(self) -> NatsClient:
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop or self._lock is None:
-            # A connection left behind by an earlier, finished loop cannot be used (or
-            # closed) from this one; its socket went with that loop.
-            self._loop, self._lock, self._nc, self._users = loop, asyncio.Lock(), None, 0
-        async with self._lock:
-            if self._nc is None or self._nc.is_closed:
-                self._nc = await _connect(self._url)
-            self._users += 1
-            return self._nc
-
-    async def release(self) -> None:
-        if self._lock is None or self._loop is not asyncio.get_running_loop():
-            return
-        async with self._lock:
-            self._users -= 1
-            if self._users <= 0 and self._nc is not None:
-                nc, self._nc, self._users = self._nc, None, 0
-                await nc.close()
+    return SharedConnection(lambda: _connect(url), close=close, is_closed=lambda connection: connection.is_closed)
 
 
 @dataclasses.dataclass
 class _NatsQueue:
     """One caller's view: the shared connection, its own pull subscription."""
 
-    shared: _SharedConnection
+    shared: SharedConnection[NatsClient]
     js: JetStreamContext
     subject: str
     stream: str
@@ -228,7 +211,7 @@ class _NatsQueue:
 
 
 def _connector(url: str, queue: str) -> Callable[[], Awaitable[PeerQueue]]:
-    shared = _SharedConnection(url)
+    shared = _shared_connection(url)
     stream = _stream_name(queue)
 
     async def connect() -> PeerQueue:

@@ -69,6 +69,7 @@ from peer_systems import (
     VISIBILITY_TIMEOUT_S,
     PeerQueue,
     Running,
+    SharedConnection,
     child_process,
     free_port,
     wait_for_port,
@@ -157,38 +158,13 @@ async def _create_queue(url: str, queue: str) -> str:
         await connection.close()
 
 
-class _SharedConnection:
-    """The process's one AMQP connection, opened by the first handle and closed with the
-    last. Kept per event loop: a connection belongs to the loop that opened it, and a
-    harness may run several loops in turn inside one `running`."""
+def _shared_connection(url: str) -> SharedConnection[aio_pika.abc.AbstractConnection]:
+    """The process's one connection, as the system advises (it multiplexes)."""
 
-    def __init__(self, url: str) -> None:
-        self._url = url
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._lock: asyncio.Lock | None = None
-        self._connection: aio_pika.abc.AbstractConnection | None = None
-        self._users = 0
+    async def close(connection: aio_pika.abc.AbstractConnection) -> None:
+        await connection.close()
 
-    async def acquire(self) -> aio_pika.abc.AbstractConnection:
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop or self._lock is None:
-            # A connection left behind by an earlier, finished loop cannot be used (or
-            # closed) from this one; its socket went with that loop.
-            self._loop, self._lock, self._connection, self._users = loop, asyncio.Lock(), None, 0
-        async with self._lock:
-            if self._connection is None or self._connection.is_closed:
-                self._connection = await _connect(self._url)
-            self._users += 1
-            return self._connection
-
-    async def release(self) -> None:
-        if self._lock is None or self._loop is not asyncio.get_running_loop():
-            return
-        async with self._lock:
-            self._users -= 1
-            if self._users <= 0 and self._connection is not None:
-                connection, self._connection, self._users = self._connection, None, 0
-                await connection.close()
+    return SharedConnection(lambda: _connect(url), close=close, is_closed=lambda connection: connection.is_closed)
 
 
 class _AmqpQueue:
@@ -196,7 +172,7 @@ class _AmqpQueue:
 
     def __init__(
         self,
-        shared: _SharedConnection,
+        shared: SharedConnection[aio_pika.abc.AbstractConnection],
         channel: aio_pika.abc.AbstractChannel,
         queue: aio_pika.abc.AbstractQueue,
     ) -> None:
@@ -288,7 +264,7 @@ class _AmqpQueue:
 
 
 def _connector(url: str, queue: str) -> Callable[[], Awaitable[PeerQueue]]:
-    shared = _SharedConnection(url)
+    shared = _shared_connection(url)
 
     async def connect() -> PeerQueue:
         connection = await shared.acquire()
