@@ -517,8 +517,8 @@ class ShardReplica:
         The writes already taken are answered first: this replica takes no new calls
         (NOT_LEADER: the caller follows the shard or, unkeyed, moves to another one),
         and its committer's batches commit, until HAND_OFF_FINISHES_WRITES_WITHIN_S.
-        Stepping down at once answered each of them OUTCOME_UNKNOWN, at every rolling
-        restart, though they were a heartbeat from committing."""
+        Stepping down at once answered each of them OUTCOME_UNKNOWN (whenever a rolling
+        restart caught a send in flight), though they were a heartbeat from committing."""
         if self.role is not Role.LEADER:
             return ""
         self._finishing_writes = True
