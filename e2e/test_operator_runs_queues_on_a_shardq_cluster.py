@@ -235,7 +235,15 @@ def test_queues_on_a_cluster_serve_fail_over_and_change_without_restarts(
             what="the replaced pod",
         )
         apply(api, namespace, "queues", "Queue", "audit", {"cluster": "main", "shards": 1, "replicas": 2, "fifo": True})
-        wait_for(lambda: queue_ready(api, namespace, "audit"), timeout=60, what="queue audit Ready")
+        # Its first shard's leader is the first server by name, which may be the pod just
+        # replaced, and the queue is Ready once that pod is (ci59 timed out here once: the
+        # state at the timeout says which pod, lease and ISR it waited for).
+        wait_for(
+            lambda: queue_ready(api, namespace, "audit"),
+            timeout=60,
+            what="queue audit Ready",
+            explain=lambda: cluster_state(api, namespace, [tmp_path / "operator.log"]),
+        )
         send_all(endpoint, "audit", [b"first", b"second"], group="g")
         assert drain(endpoint, "audit", 2) == {b"first", b"second"}
 
