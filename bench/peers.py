@@ -77,10 +77,8 @@ def descendants(pid: int) -> list[int]:
     """`pid` and every process under it, found through /proc's children lists."""
     found = [pid]
     for parent in found:  # grows while it is walked
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-            for task in pathlib.Path(f"/proc/{parent}/task").iterdir():
-                with contextlib.suppress(FileNotFoundError):
-                    found.extend(int(child) for child in (task / "children").read_text().split())
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # it exited meanwhile
+            found.extend(dataplane.child_pids(parent))
     return found
 
 

@@ -8,7 +8,7 @@ Each module here names one system and has one entry point:
 It starts the system's server as a child process on a free 127.0.0.1 port, with its data
 under `workdir`, creates `queue` (durable: an acknowledged send is on disk, or as close to
 it as the system allows, which `Running.durability` says), yields, and stops the server by
-PID on the way out, whatever happened (SIGTERM, then SIGKILL after a few seconds). Nothing
+PID on the way out, whatever happened (`dataplane.stop_process`: SIGTERM, then SIGKILL). Nothing
 is left running and nothing is written outside `workdir`.
 
 The workload's three operations, SQS's shape, in each system's own idiom:
@@ -26,12 +26,16 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import signal
 import socket
 import subprocess
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Generic, Protocol, TypeVar
+
+import dataplane  # bench/dataplane.py: the bench directory is on sys.path
+
+# The project's own port picker, below the ephemeral range a port-0 probe draws from.
+from tests.support.ports import free_port as free_port
 
 VISIBILITY_TIMEOUT_S = 30
 STOP_WAIT_S = 10.0
@@ -69,13 +73,6 @@ class Running:
     notes: str = ""
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def wait_for_port(port: int, *, process: subprocess.Popen[bytes], timeout_s: float, what: str) -> None:
     """Until something accepts connections on 127.0.0.1:`port`; fail early if `process`
     exited. (Local ports only: the machine's proxy makes remote ports always 'open'.)"""
@@ -90,18 +87,6 @@ def wait_for_port(port: int, *, process: subprocess.Popen[bytes], timeout_s: flo
         time.sleep(0.1)
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL after STOP_WAIT_S; reaped either way."""
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=STOP_WAIT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=STOP_WAIT_S)
-
-
 @contextlib.contextmanager
 def child_process(
     command: Sequence[str], *, log: str, env: dict[str, str] | None = None
@@ -114,7 +99,7 @@ def child_process(
     try:
         yield process
     finally:
-        stop(process)
+        dataplane.stop_process(process)
 
 
 class SharedConnection(Generic[C]):
