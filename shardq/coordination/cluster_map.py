@@ -129,20 +129,47 @@ def lease_label(queue: str) -> str:
     return f"{_MAPPED_PREFIX}{readable}-{digest}" if readable else f"{_MAPPED_PREFIX}{digest}"
 
 
-def place_queues(queues: Iterable[QueueEntry], server_ids: Sequence[str]) -> dict[str, list[list[str]]]:
-    """Every queue's replicas placed across `server_ids` by the shared planner."""
+def place_queues(
+    queues: Iterable[QueueEntry],
+    server_ids: Sequence[str],
+    *,
+    placed: Mapping[str, Sequence[Sequence[str]]] | None = None,
+) -> dict[str, list[list[str]]]:
+    """Every queue's replicas placed across `server_ids` by the shared planner.
+
+    Each queue goes where least is placed already, counting `placed` (the queues the map
+    holds) and the queues placed before it in this call: a server's load for the planner
+    is the number of shards it was placed to lead, and `hosted` the replicas it holds. So
+    one-shard queues take turns leading on every server; with no counts every server tied,
+    and the first by name led every queue's shard 0.
+    """
+    led = dict.fromkeys(server_ids, 0)
+    hosted = dict.fromkeys(server_ids, 0)
+
+    def count(shards: Iterable[Sequence[str]]) -> None:
+        for replicas in shards:
+            if replicas and replicas[0] in led:
+                led[replicas[0]] += 1
+            for server in replicas:
+                if server in hosted:
+                    hosted[server] += 1
+
+    for shards in (placed or {}).values():
+        count(shards)
     placement: dict[str, list[list[str]]] = {}
     for queue in queues:
         config = queue.config
+        servers = [ServerState(name, load=float(led[name]), hosted=hosted[name]) for name in server_ids]
         try:
             chosen = choose_initial_placement(
                 shards=[ShardId(queue.name, index) for index in range(config.shards)],
                 replicas=config.replicas,
-                servers=[ServerState(name) for name in server_ids],
+                servers=servers,
             )
         except ValueError as error:
             raise ValueError(f"queue {queue.name!r}: {error}") from None
         placement[queue.name] = [list(chosen[ShardId(queue.name, index)].replicas) for index in range(config.shards)]
+        count(placement[queue.name])
     return placement
 
 
@@ -244,7 +271,8 @@ def with_queue_added(cluster: ClusterMap, queue: QueueEntry, *, on: Sequence[str
     """
     if any(existing.name == queue.name for existing in cluster.queues):
         raise ValueError(f"queue {queue.name!r} exists already")
-    placement = {**cluster.placement, **place_queues([queue], list(cluster.servers) if on is None else list(on))}
+    servers = list(cluster.servers) if on is None else list(on)
+    placement = {**cluster.placement, **place_queues([queue], servers, placed=cluster.placement)}
     return dataclasses.replace(cluster, queues=[*cluster.queues, queue], placement=placement)
 
 

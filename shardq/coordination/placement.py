@@ -24,11 +24,15 @@ class ShardId:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ServerState:
-    """A shard server as observed: `live` when its process (pod) is up and ready."""
+    """A shard server as observed: `live` when its process (pod) is up and ready.
+
+    `hosted` counts the shard replicas it holds already; only initial placement reads it.
+    """
 
     name: str
     live: bool = True
     load: float = 0.0
+    hosted: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -71,33 +75,50 @@ def choose_initial_placement(
 ) -> dict[ShardId, ShardPlacement]:
     """Replicas of each shard on distinct live servers, leaders and replicas spread evenly.
 
-    Every server leads, and hosts, as many shards as any other, give or take one; a shard's
-    followers are the servers after its leader on the ring. Servers are ordered
-    least-loaded first (then by name), so when counts cannot come out even the extra
-    shards go to the servers with least to do. Deterministic: the same facts give the
-    same placement whatever order they come in.
+    Among the shards placed, every server leads, and hosts, as many as any other, give or
+    take one; a shard's followers are the servers after its leader on the ring of live
+    servers in name order. Where that ring starts decides which servers take the shards
+    that cannot come out even: it starts where the chosen leaders have least load, then
+    where the chosen replicas' servers host fewest replicas already (`ServerState.hosted`),
+    then at the first name. So one-shard queues placed one after another take turns on
+    every server. Deterministic: the same facts give the same placement whatever order
+    they come in.
     """
     if replicas < 1:
         raise ValueError(f"replicas must be at least 1, got {replicas}")
-    candidates = sorted((server for server in servers if server.live), key=_coolest_first)
+    candidates = sorted((server for server in servers if server.live), key=lambda server: server.name)
     if replicas > len(candidates):
         raise ValueError(f"{replicas} replicas need as many live servers, there are {len(candidates)}")
     names = [server.name for server in candidates]
     if len(set(names)) != len(names):
         raise ValueError(f"server names must be unique: {names}")
     ordered = sorted(set(shards))
-    placement: dict[ShardId, ShardPlacement] = {}
-    for position, shard in enumerate(ordered):
-        # Leaders at floor(position * servers / shards) lead floor or ceil(shards / servers)
-        # shards each, and a run of `replicas` servers from each leader then covers every
-        # server floor or ceil(shards * replicas / servers) times: the leader positions
-        # form a maximally even set on the ring, and any arc holds as many of them as any
-        # other arc of its length, give or take one. (Stepping the leader by one per shard
-        # would pile the replicas of a last, partial round onto the first servers.)
-        leader = position * len(names) // len(ordered)
-        chosen = tuple(names[(leader + offset) % len(names)] for offset in range(replicas))
-        placement[shard] = ShardPlacement(replicas=chosen)
-    return placement
+    load = {server.name: server.load for server in candidates}
+    hosted = {server.name: server.hosted for server in candidates}
+
+    def weight(chosen: list[tuple[str, ...]]) -> tuple[float, int]:
+        return (sum(load[run[0]] for run in chosen), sum(hosted[name] for run in chosen for name in run))
+
+    rings = [names[start:] + names[:start] for start in range(len(names))]
+    runs = min((_runs_on_the_ring(len(ordered), replicas, ring) for ring in rings), key=weight)
+    return {shard: ShardPlacement(replicas=run) for shard, run in zip(ordered, runs, strict=True)}
+
+
+def _runs_on_the_ring(shards: int, replicas: int, ring: list[str]) -> list[tuple[str, ...]]:
+    """Each shard's leader and followers, a run of `replicas` servers on the ring.
+
+    Leaders at floor(position * servers / shards) lead floor or ceil(shards / servers)
+    shards each, and a run of `replicas` servers from each leader then covers every server
+    floor or ceil(shards * replicas / servers) times: the leader positions form a maximally
+    even set on the ring, and any arc holds as many of them as any other arc of its length,
+    give or take one. (Stepping the leader by one per shard would pile the replicas of a
+    last, partial round onto the first servers.)
+    """
+    runs = []
+    for position in range(shards):
+        leader = position * len(ring) // shards
+        runs.append(tuple(ring[(leader + offset) % len(ring)] for offset in range(replicas)))
+    return runs
 
 
 def choose_failover_candidate(shard: ShardState, live_servers: Collection[ServerState]) -> str | None:

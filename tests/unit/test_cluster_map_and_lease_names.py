@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import pathlib
@@ -135,6 +136,49 @@ def test_an_added_queue_is_placed_on_the_servers_and_a_name_can_be_used_once() -
         with_queue_added(grown, QueueEntry("payments", {}))
     with pytest.raises(ValueError, match="payments"):
         with_queue_added(cluster, QueueEntry("payments", {"replicas": 4}))  # more replicas than servers
+
+
+def test_queues_added_one_by_one_take_turns_leading_on_every_server() -> None:
+    # Every server tied when the planner had no loads, so each new queue's shard 0 led on
+    # the first server by name: ten single-shard queues made ten leaders on s1.
+    servers = {name: ServerEntry(name, f"127.0.0.1:{7600 + n}") for n, name in enumerate(["s1", "s2", "s3"])}
+    cluster = ClusterMap(servers=servers, queues=[], placement={})
+    for number in range(9):
+        cluster = with_queue_added(cluster, QueueEntry(f"q{number}", {"replicas": 2}))
+    leaders = [cluster.placement[f"q{number}"][0][0] for number in range(9)]
+    hosted = [replica for shards in cluster.placement.values() for replicas in shards for replica in replicas]
+    assert sorted(leaders) == ["s1"] * 3 + ["s2"] * 3 + ["s3"] * 3
+    assert sorted(hosted) == ["s1"] * 6 + ["s2"] * 6 + ["s3"] * 6
+    # A server being drained is left out, and counts for nothing among the others.
+    spread = with_queue_added(cluster, QueueEntry("late", {"shards": 2}), on=["s2", "s3"])
+    assert sorted(replicas[0] for replicas in spread.placement["late"]) == ["s2", "s3"]
+
+
+@given(server_count=st.integers(1, 9), queue_count=st.integers(1, 30), data=st.data())
+def test_one_shard_queues_keep_leaders_and_replicas_even_on_any_cluster(
+    server_count: int, queue_count: int, data: st.DataObject
+) -> None:
+    replicas = data.draw(st.integers(1, min(server_count, 7)))  # a queue has at most 7 replicas
+    names = [f"s{number}" for number in range(server_count)]
+    queues = [QueueEntry(f"q{number}", {"replicas": replicas}) for number in range(queue_count)]
+    placement = place_queues(queues, names)
+    led = collections.Counter(shards[0][0] for shards in placement.values())
+    hosted = collections.Counter(server for shards in placement.values() for server in shards[0])
+    assert max(led[name] for name in names) - min(led[name] for name in names) <= 1
+    assert max(hosted[name] for name in names) - min(hosted[name] for name in names) <= 1
+
+
+def test_queues_placed_together_spread_their_leaders_after_the_queues_already_placed() -> None:
+    queues = [QueueEntry("wide", {"shards": 4}), QueueEntry("a", {}), QueueEntry("b", {}), QueueEntry("c", {})]
+    placed = {"old": [["s3"]]}
+    placement = place_queues(queues, ["s1", "s2", "s3"], placed=placed)
+    # wide's four shards go where old's one leader is not doubled (s1 twice, s2, s3), then
+    # a, b and c each lead where fewest are led: s2, s1, s2.
+    led = [replicas[0] for shards in [*placement.values(), *placed.values()] for replicas in shards]
+    assert [replicas[0] for replicas in placement["wide"]] == ["s1", "s1", "s2", "s3"]
+    assert [placement[name] for name in "abc"] == [[["s2"]], [["s1"]], [["s2"]]]
+    assert sorted(led) == ["s1"] * 3 + ["s2"] * 3 + ["s3"] * 2
+    assert placement == place_queues(queues, ["s3", "s2", "s1"], placed=placed)  # order of the facts is no matter
 
 
 def test_a_dead_letter_queue_in_use_is_not_removed() -> None:
