@@ -16,6 +16,7 @@ from shard_server.server import ServerSettings, serve
 from shardq import event_loops
 from shardq.coordination.cluster_map import cluster_map_from_text, read_cluster_map
 from shardq.coordination.leases import LeaseStore
+from shardq.coordination.peer_credentials import NO_PEER_SECRET, read_peer_secret
 from shardq.durations import parse_duration_ms
 
 if TYPE_CHECKING:
@@ -168,6 +169,13 @@ class ByteSize(click.ParamType[int]):
     "slow, paid for in CPU time (see README, idle polling)",
 )
 @click.option(
+    "--peer-secret-file",
+    type=click.Path(dir_okay=False, path_type=pathlib.Path),
+    default=None,
+    help="the cluster's shared secret (at least 32 printable characters): replication calls and calls marked as "
+    "forwarded are taken only with it, and this server's calls to its peers carry it",
+)
+@click.option(
     "--idle-poll-cpus",
     type=click.IntRange(min=1),
     default=None,
@@ -197,6 +205,7 @@ def serve_command(
     queues_managed_by: str | None,
     idle_poll: str,
     idle_poll_cpus: int | None,
+    peer_secret_file: pathlib.Path | None,
 ) -> None:
     """Run a shard server hosting the given queues (or its replicas of a cluster's queues)."""
     cluster = None
@@ -222,6 +231,7 @@ def serve_command(
             cpus_to_spin_on(idle_poll_cpus)  # no Linux, or more CPUs than this server may use: said now
         elif idle_poll_cpus is not None:
             raise ValueError("--idle-poll-cpus goes with --idle-poll")
+        credential = NO_PEER_SECRET if peer_secret_file is None else read_peer_secret(peer_secret_file)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     if cluster is not None and (not server_id or lease_store is None):
@@ -268,6 +278,7 @@ def serve_command(
             sync_before_ready_s=sync_before_ready_ms / 1000,
             idle_poll_ms=idle_poll_ms,
             idle_poll_cpus=idle_poll_cpus,
+            peer_credential=credential,
         )
         try:
             event_loops.run(serve(settings), choice=loop)

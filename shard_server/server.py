@@ -45,6 +45,7 @@ from shardq.api.v1 import (
 )
 from shardq.coordination.cluster_map import ClusterMap
 from shardq.coordination.leases import LeaseStore
+from shardq.coordination.peer_credentials import NO_PEER_SECRET, PeerCredential
 from shardq.queues import QueueConfig
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,9 @@ class ServerSettings:
     # CPUs are kept from going idle (0: off), and on how many CPUs (None: all allowed).
     idle_poll_ms: float = 0.0
     idle_poll_cpus: int | None = None
+    # What the cluster's servers present to each other (shardq.coordination.peer_credentials);
+    # without a secret every caller is taken for a peer.
+    peer_credential: PeerCredential = NO_PEER_SECRET
 
 
 def _can_bind(settings: ServerSettings) -> bool:
@@ -119,9 +123,11 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
     if settings.cluster is not None:
         if leases is None or settings.server_id not in settings.cluster.servers:
             raise SystemExit("shardq: cluster mode needs --lease-store and a --server-id listed in the cluster file")
-        router = Router(settings.cluster, leases, server_id=settings.server_id)
+        router = Router(settings.cluster, leases, server_id=settings.server_id, credential=settings.peer_credential)
         router.refresh()
-        peers = PeerChannels(settings.cluster)
+        peers = PeerChannels(settings.cluster, credential=settings.peer_credential)
+        if settings.peer_credential.secret is None:
+            log.warning("no peer secret (--peer-secret-file): any caller is taken for one of the cluster's servers")
         replicas = Replicas(server_id=settings.server_id, leases=leases, peers=peers)
     catalog = QueueCatalog(settings.data_dir)
     # Queues defined by --queue/--config; a cluster map's queues are changed through the map.
@@ -159,7 +165,7 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         ],
     )
     admin = QueueAdmin(host, catalog=catalog, static=static, managed_by=managed_by)
-    queue_servicer = QueueServicer(host, admin)
+    queue_servicer = QueueServicer(host, admin, credential=settings.peer_credential)
     queue_pb2_grpc.add_QueueServiceServicer_to_server(queue_servicer, server)
     export_pb2_grpc.add_ExportServiceServicer_to_server(ExportServicer(host), server)
     service_names = [
@@ -173,7 +179,10 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         # Replicas only: a standalone server has no peers, and its clients no business there.
         assert replicas is not None
         replication_servicer = ReplicationServicer(
-            replicas, server_id=settings.server_id, address=f"{settings.host}:{settings.port}"
+            replicas,
+            server_id=settings.server_id,
+            address=f"{settings.host}:{settings.port}",
+            credential=settings.peer_credential,
         )
         replication_pb2_grpc.add_ReplicationServiceServicer_to_server(replication_servicer, server)
         service_names.append(replication_pb2.DESCRIPTOR.services_by_name["ReplicationService"].full_name)

@@ -31,6 +31,9 @@ class Reason(enum.StrEnum):
     # A local cluster's queue change found the cluster map locked by another process for
     # too long (one stopped in the middle of a change): nothing changed; try again.
     CLUSTER_MAP_LOCKED = "CLUSTER_MAP_LOCKED"
+    # A call only the cluster's servers may make (replication, a call marked as forwarded)
+    # came without the cluster's peer secret.
+    NOT_A_PEER = "NOT_A_PEER"
 
 
 ERROR_DOMAIN = "shardq.io"
@@ -101,6 +104,11 @@ class QueueExists(ShardqError):
 class QueueInUse(ShardqError):
     def __init__(self, message: str) -> None:
         super().__init__(Reason.QUEUE_IN_USE, message, field="queue")
+
+
+class NotAPeer(ShardqError):
+    def __init__(self, message: str) -> None:
+        super().__init__(Reason.NOT_A_PEER, message)
 
 
 class QueueManagedElsewhere(ShardqError):

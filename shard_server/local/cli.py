@@ -19,6 +19,7 @@ from shard_server.local.cluster_files import (
     open_cluster_lease_store,
     parse_queue_argument,
     read_cluster_file,
+    read_cluster_peer_secret,
     read_supervisor_record,
     remove_supervisor_record,
     write_cluster_file,
@@ -130,7 +131,8 @@ def status_command(data_dir: pathlib.Path, as_json: bool) -> None:
     store, _ = _open_lease_store(data_dir)
     with store:
         leases = read_shard_leases(store, cluster)
-    reports = fetch_all_replica_status({server_id: entry.address for server_id, entry in cluster.servers.items()})
+    addresses = {server_id: entry.address for server_id, entry in cluster.servers.items()}
+    reports = fetch_all_replica_status(addresses, credential=read_cluster_peer_secret(data_dir))
     status = build_cluster_status(
         cluster=cluster,
         record=record,

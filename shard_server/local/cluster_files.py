@@ -4,7 +4,9 @@ record and the lease store.
 `cluster.json` is the cluster map (`shardq.coordination.cluster_map`, the one model every
 server reads); a local cluster's servers listen on consecutive loopback ports. The map is
 written once and reused, so a restarted cluster keeps its placement and therefore its data. `supervisor.json` tells
-`shardq local status` which processes the running supervisor started.
+`shardq local status` which processes the running supervisor started. `peer-secret` is what
+the servers present to each other (shardq.coordination.peer_credentials), readable by the
+owner only.
 """
 
 from __future__ import annotations
@@ -27,8 +29,16 @@ from shardq.coordination.cluster_map import (
     write_cluster_map,
 )
 from shardq.coordination.local_leases import LocalLeaseStore, import_lmdb_leases
+from shardq.coordination.peer_credentials import (
+    NO_PEER_SECRET,
+    PeerCredential,
+    new_peer_secret,
+    read_peer_secret,
+    write_peer_secret,
+)
 
 SUPERVISOR_FILE = "supervisor.json"
+PEER_SECRET_FILE = "peer-secret"
 LEASE_STORE_DIR = "leases"
 # Where clusters made before the lock-free lease store kept their leases: imported once
 # (open_cluster_lease_store), then renamed with IMPORTED_SUFFIX.
@@ -82,6 +92,21 @@ def read_cluster_file(data_dir: pathlib.Path) -> ClusterMap:
 
 def write_cluster_file(data_dir: pathlib.Path, cluster: ClusterMap) -> pathlib.Path:
     return write_cluster_map(data_dir / CLUSTER_FILE, cluster)
+
+
+def ensure_peer_secret(data_dir: pathlib.Path) -> PeerCredential:
+    """The cluster's peer secret, made when the cluster first starts (a cluster made before
+    there were secrets gets one then: its servers all start anew with it)."""
+    path = data_dir / PEER_SECRET_FILE
+    if not path.exists():
+        write_peer_secret(path, new_peer_secret())
+    return read_peer_secret(path)
+
+
+def read_cluster_peer_secret(data_dir: pathlib.Path) -> PeerCredential:
+    """The cluster's peer secret, for the calls `status` makes; none before its first start."""
+    path = data_dir / PEER_SECRET_FILE
+    return read_peer_secret(path) if path.exists() else NO_PEER_SECRET
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import grpc
 
 from shardq.api.v1 import replication_pb2, replication_pb2_grpc
+from shardq.coordination.peer_credentials import PeerCredential
 from shardq.coordination.placement import ShardId
 
 STATUS_TIMEOUT_S = 1.0
@@ -70,26 +71,30 @@ def server_report_from_proto(reply: replication_pb2.ReplicaStatusList) -> Server
     )
 
 
-def fetch_replica_status(address: str, *, timeout_s: float = STATUS_TIMEOUT_S) -> ServerReport | None:
+def fetch_replica_status(
+    address: str, *, credential: PeerCredential, timeout_s: float = STATUS_TIMEOUT_S
+) -> ServerReport | None:
     """One server's report, or None if it did not answer within `timeout_s`."""
     with grpc.insecure_channel(address) as channel:
         stub = replication_pb2_grpc.ReplicationServiceStub(channel)
         try:
-            reply = stub.GetReplicaStatus(replication_pb2.GetReplicaStatusRequest(), timeout=timeout_s)
+            reply = stub.GetReplicaStatus(
+                replication_pb2.GetReplicaStatusRequest(), metadata=credential.metadata, timeout=timeout_s
+            )
         except grpc.RpcError:
             return None
     return server_report_from_proto(reply)
 
 
 def fetch_all_replica_status(
-    addresses: Mapping[str, str], *, timeout_s: float = STATUS_TIMEOUT_S
+    addresses: Mapping[str, str], *, credential: PeerCredential, timeout_s: float = STATUS_TIMEOUT_S
 ) -> dict[str, ServerReport]:
     """Reports by server id from every server that answered."""
     if not addresses:
         return {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(addresses)) as pool:
         futures = {
-            server_id: pool.submit(fetch_replica_status, address, timeout_s=timeout_s)
+            server_id: pool.submit(fetch_replica_status, address, credential=credential, timeout_s=timeout_s)
             for server_id, address in addresses.items()
         }
         reports = {server_id: future.result() for server_id, future in futures.items()}

@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from shard_server.local.cluster_files import LEASE_STORE_DIR
+from shard_server.local.cluster_files import LEASE_STORE_DIR, PEER_SECRET_FILE
 from shard_server.runtime.readiness import READY_LINE
 from shardq.coordination.cluster_map import CLUSTER_FILE, ServerEntry
 
@@ -42,6 +42,7 @@ def build_server_command(*, data_dir: pathlib.Path, server: ServerEntry) -> list
         "--port", str(server.port),
         "--metrics-port", str(server.metrics_port),
         "--log-format", "json",
+        "--peer-secret-file", str(data_dir / PEER_SECRET_FILE),
     ]  # fmt: skip
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from shard_server.local.cluster_files import (
     SupervisedServer,
     SupervisorRecord,
+    ensure_peer_secret,
     remove_supervisor_record,
     write_supervisor_record,
 )
@@ -96,6 +97,7 @@ class Supervisor:
         self.cluster = cluster
         self._map_stamp = 0
         self.store = store
+        self.credential = ensure_peer_secret(settings.data_dir)
         self.servers = {
             server_id: ManagedServer(
                 entry=entry,
@@ -230,7 +232,7 @@ class Supervisor:
             for server_id, server in self.servers.items()
             if server.running() and server.ready_since_ms is not None
         }
-        reports = fetch_all_replica_status(ready)
+        reports = fetch_all_replica_status(ready, credential=self.credential)
         leases = read_shard_leases(self.store, self.cluster)
         leaders = {
             shard: leases[lease_name(shard)].holder for shard in self.cluster.shards() if lease_name(shard) in leases

@@ -22,6 +22,7 @@ from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.channel_options import RESOLVE_AGAIN_WITHIN_HALF_A_SECOND
 from shardq.coordination.cluster_map import ClusterMap, lease_name
 from shardq.coordination.leases import LeaseStore
+from shardq.coordination.peer_credentials import NO_PEER_SECRET, PeerCredential
 from shardq.coordination.placement import ShardId
 from shardq.errors import Reason, ShardqError, Unavailable
 from shardq.receive_shares import split_shares
@@ -65,9 +66,18 @@ class LeaderUnreachable(Unavailable):
 
 
 class Router:
-    def __init__(self, cluster: ClusterMap, leases: LeaseStore, *, server_id: str) -> None:
+    def __init__(
+        self,
+        cluster: ClusterMap,
+        leases: LeaseStore,
+        *,
+        server_id: str,
+        credential: PeerCredential = NO_PEER_SECRET,
+    ) -> None:
         self.cluster = cluster
         self.server_id = server_id
+        # What every call to another leader carries: the forwarded mark and the peer secret.
+        self.forwarded_metadata = FORWARDED + credential.metadata
         self._leases = leases
         self._stubs: dict[str, queue_pb2_grpc.QueueServiceAsyncStub] = {}
         self._channels: list[grpc.aio.Channel] = []
@@ -149,6 +159,7 @@ class LeaderCalls:
 
     def __init__(self, router: Router) -> None:
         self._router = router
+        self._marked = router.forwarded_metadata
 
     def _stub(self, leader: str) -> queue_pb2_grpc.QueueServiceAsyncStub:
         return self._router.stub_for(leader)
@@ -167,7 +178,7 @@ class LeaderCalls:
             ],
         )
         try:
-            response = await self._stub(leader).SendMessages(request, metadata=FORWARDED, timeout=30)
+            response = await self._stub(leader).SendMessages(request, metadata=self._marked, timeout=30)
         except grpc.RpcError as error:
             # Cut off after it was sent, the leader may have stored the batch: UNAVAILABLE
             # ("nothing stored") let a caller that resends on it store it twice.
@@ -235,7 +246,7 @@ class LeaderCalls:
         self, leader: str, queue: str, request: queue_pb2.ReceiveMessagesRequest, *, timeout: float
     ) -> queue_pb2.ReceiveMessagesResponse:
         try:
-            response = await self._stub(leader).ReceiveMessages(request, metadata=FORWARDED, timeout=timeout)
+            response = await self._stub(leader).ReceiveMessages(request, metadata=self._marked, timeout=timeout)
         except grpc.RpcError as error:
             if error.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
                 self._router.note_unanswered(leader)
@@ -250,13 +261,14 @@ class LeaderCalls:
 
     async def delete_messages(self, leader: str, queue: str, receipts: Sequence[str]) -> list[Reason | None]:
         request = queue_pb2.DeleteMessagesRequest(queue=queue, receipts=receipts)
-        return await self._entries(queue, self._stub(leader).DeleteMessages(request, metadata=FORWARDED, timeout=30))
+        return await self._entries(queue, self._stub(leader).DeleteMessages(request, metadata=self._marked, timeout=30))
 
     async def release_messages(
         self, leader: str, queue: str, receipts: Sequence[str], *, reason: str
     ) -> list[Reason | None]:
         request = queue_pb2.ReleaseMessagesRequest(queue=queue, receipts=receipts, reason=reason)
-        return await self._entries(queue, self._stub(leader).ReleaseMessages(request, metadata=FORWARDED, timeout=30))
+        call = self._stub(leader).ReleaseMessages(request, metadata=self._marked, timeout=30)
+        return await self._entries(queue, call)
 
     async def change_visibility(
         self, leader: str, queue: str, changes: Sequence[tuple[str, int]]
@@ -265,7 +277,8 @@ class LeaderCalls:
             queue=queue,
             changes=[queue_pb2.VisibilityChange(receipt=receipt, visibility_timeout_ms=ms) for receipt, ms in changes],
         )
-        return await self._entries(queue, self._stub(leader).ChangeVisibility(request, metadata=FORWARDED, timeout=30))
+        call = self._stub(leader).ChangeVisibility(request, metadata=self._marked, timeout=30)
+        return await self._entries(queue, call)
 
     async def _entries(self, queue: str, call: Awaitable[_EntryResults]) -> list[Reason | None]:
         try:
@@ -279,7 +292,8 @@ class LeaderCalls:
     async def purge(self, leader: str, queue: str) -> int:
         request = queue_pb2.PurgeQueueRequest(queue=queue)
         try:
-            response = await self._stub(leader).PurgeQueue(request, metadata=FORWARDED, timeout=REMOTE_PURGE_WITHIN_S)
+            purge = self._stub(leader).PurgeQueue(request, metadata=self._marked, timeout=REMOTE_PURGE_WITHIN_S)
+            response = await purge
         except grpc.RpcError as error:
             raise error_from_rpc(error, queue=queue) from None
         return response.purged
@@ -288,7 +302,7 @@ class LeaderCalls:
         """The counts of the shards `leader` leads (ShardqError if it does not answer)."""
         request = queue_pb2.GetQueueAttributesRequest(queue=queue)
         try:
-            return await self._stub(leader).GetQueueAttributes(request, metadata=FORWARDED, timeout=timeout_s)
+            return await self._stub(leader).GetQueueAttributes(request, metadata=self._marked, timeout=timeout_s)
         except grpc.RpcError as error:
             raise error_from_rpc(error, queue=queue) from None
 

@@ -34,6 +34,7 @@ STATUS_BY_REASON: dict[Reason, grpc.StatusCode] = {
     # Not UNAVAILABLE: a client takes that, answered to a call that is not idempotent
     # (DeleteQueue), for "may have been applied", as a forwarding server relays a cut call.
     Reason.CLUSTER_MAP_LOCKED: grpc.StatusCode.ABORTED,
+    Reason.NOT_A_PEER: grpc.StatusCode.UNAUTHENTICATED,
 }
 
 

@@ -40,7 +40,8 @@ from shard_server.service.errors import abort_with, stream_error
 from shard_server.service.request_reading import RequestReading
 from shard_server.service.unwritten import Unwritten
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
-from shardq.errors import InvalidArgument, Reason, ShardqError
+from shardq.coordination.peer_credentials import NO_PEER_SECRET, PeerCredential
+from shardq.errors import InvalidArgument, NotAPeer, Reason, ShardqError
 from shardq.queues import MAX_RECEIVE_BATCH
 
 Request = TypeVar("Request")
@@ -60,11 +61,6 @@ CONSUME_GOES_ON_AFTER = frozenset({Reason.NOT_LEADER, Reason.OUTCOME_UNKNOWN, Re
 CONSUME_RETRY_S = 0.05
 # How long a queue's counts wait for the other leaders' (asked all at once).
 REMOTE_COUNTS_WITHIN_S = 10.0
-
-
-def is_forwarded(context: Context) -> bool:
-    """Whether another server forwarded this call (it must then not be forwarded again)."""
-    return any(key == FORWARDED_HEADER for key, _ in context.invocation_metadata() or ())
 
 
 def _pinned_shard(request: queue_pb2.SendMessagesRequest | queue_pb2.ReceiveMessagesRequest, shards: int) -> int | None:
@@ -138,9 +134,10 @@ CONSUME_STREAM = "QueueService/ConsumeStream"
 
 
 class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
-    def __init__(self, host: QueueHost, admin: QueueAdmin) -> None:
+    def __init__(self, host: QueueHost, admin: QueueAdmin, *, credential: PeerCredential = NO_PEER_SECRET) -> None:
         self.host = host
         self.admin = admin
+        self.credential = credential
         # Exported at 0 from the start: a counter series that first appears already counting
         # shows rate() no increase, and a server's stream requests come in its first seconds.
         for stream in (SEND_STREAM, CONSUME_STREAM):
@@ -148,6 +145,17 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         # Per open producer stream, and consume stream never granted credits: stops reading
         # it, so that it ends once it has answered what it read (end_request_streams).
         self._request_streams: set[Callable[[], None]] = set()
+
+    def _forwarded(self, context: Context) -> bool:
+        """Whether another server forwarded this call: it is then not forwarded again, and
+        its sends may set reserved attributes (a dead letter moved to a DLQ led elsewhere).
+        A call marked so without the cluster's peer secret is refused."""
+        metadata = context.invocation_metadata() or ()
+        if not any(key == FORWARDED_HEADER for key, _ in metadata):
+            return False
+        if not self.credential.admits(metadata):
+            raise NotAPeer(f"a call marked {FORWARDED_HEADER!r} is taken only from the cluster's servers (peer secret)")
+        return True
 
     def end_request_streams(self) -> None:
         """The server is shutting down: end every producer stream, and every consume
@@ -173,7 +181,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
     async def SendMessages(
         self, request: queue_pb2.SendMessagesRequest, context: Context
     ) -> queue_pb2.SendMessagesResponse:
-        return await self._send(request, forwarded=is_forwarded(context))
+        return await self._send(request, forwarded=self._forwarded(context))
 
     @unary("ReceiveMessages")
     async def ReceiveMessages(
@@ -197,7 +205,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             peeked = await queue.peek(
                 max_messages=request.max_messages,
                 shard=_pinned_shard(request, queue.config.shards),
-                forwarded=is_forwarded(context),
+                forwarded=self._forwarded(context),
             )
             return peeked_to_proto(peeked, max_messages=request.max_messages)
         received = await queue.receive(
@@ -205,7 +213,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             visibility_timeout_ms=visibility,
             wait_ms=request.wait_time_ms,
             shard=_pinned_shard(request, queue.config.shards),
-            forwarded=is_forwarded(context),
+            forwarded=self._forwarded(context),
             delete_on_receive=request.delete_on_receive,
         )
         return received_to_proto(received, deleted=request.delete_on_receive)
@@ -221,7 +229,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             shares,
             visibility_timeout_ms=visibility,
             shard=_pinned_shard(request, queue.config.shards),
-            forwarded=is_forwarded(context),
+            forwarded=self._forwarded(context),
             delete_on_receive=request.delete_on_receive,
         )
         return shared_received_to_proto(parts, deleted=request.delete_on_receive)
@@ -232,7 +240,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
     ) -> queue_pb2.DeleteMessagesResponse:
         queue = self.host.get(request.queue)
         validate_receipts("receipts", request.receipts)
-        outcomes = await queue.delete(list(request.receipts), forwarded=is_forwarded(context))
+        outcomes = await queue.delete(list(request.receipts), forwarded=self._forwarded(context))
         return queue_pb2.DeleteMessagesResponse(results=entry_results_to_proto(outcomes))
 
     @unary("ChangeVisibility")
@@ -250,7 +258,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             )
             for index, change in enumerate(request.changes)
         ]
-        outcomes = await queue.change_visibility(changes, forwarded=is_forwarded(context))
+        outcomes = await queue.change_visibility(changes, forwarded=self._forwarded(context))
         return queue_pb2.ChangeVisibilityResponse(results=entry_results_to_proto(outcomes))
 
     @unary("ReleaseMessages")
@@ -260,19 +268,20 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         queue = self.host.get(request.queue)
         validate_receipts("receipts", request.receipts)
         validate_release_reason("reason", request.reason)
-        outcomes = await queue.release(list(request.receipts), reason=request.reason, forwarded=is_forwarded(context))
+        forwarded = self._forwarded(context)
+        outcomes = await queue.release(list(request.receipts), reason=request.reason, forwarded=forwarded)
         return queue_pb2.ReleaseMessagesResponse(results=entry_results_to_proto(outcomes))
 
     @unary("PurgeQueue")
     async def PurgeQueue(self, request: queue_pb2.PurgeQueueRequest, context: Context) -> queue_pb2.PurgeQueueResponse:
         queue = self.host.get(request.queue)
-        return queue_pb2.PurgeQueueResponse(purged=await queue.purge(forwarded=is_forwarded(context)))
+        return queue_pb2.PurgeQueueResponse(purged=await queue.purge(forwarded=self._forwarded(context)))
 
     @unary("GetQueueAttributes")
     async def GetQueueAttributes(
         self, request: queue_pb2.GetQueueAttributesRequest, context: Context
     ) -> queue_pb2.QueueAttributes:
-        return await self._attributes(self.host.get(request.queue), forwarded=is_forwarded(context))
+        return await self._attributes(self.host.get(request.queue), forwarded=self._forwarded(context))
 
     async def _attributes(self, queue: HostedQueue, *, forwarded: bool) -> queue_pb2.QueueAttributes:
         """The queue's counts: its shards led here, and (unless this call was forwarded)

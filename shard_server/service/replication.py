@@ -10,21 +10,39 @@ import grpc
 
 from shard_server.runtime.replication.replica import ShardReplica
 from shard_server.runtime.replication.replicas import Replicas
+from shard_server.service.errors import abort_with
 from shardq.api.v1 import replication_pb2, replication_pb2_grpc
+from shardq.coordination.peer_credentials import NO_PEER_SECRET, PeerCredential
+from shardq.errors import NotAPeer
 
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
 class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
-    def __init__(self, replicas: Replicas, *, server_id: str, address: str) -> None:
+    """Only the cluster's servers (and its supervisor or operator) call here: when the
+    server has a peer secret, a call without it is refused before anything is done."""
+
+    def __init__(
+        self, replicas: Replicas, *, server_id: str, address: str, credential: PeerCredential = NO_PEER_SECRET
+    ) -> None:
         self.replicas = replicas
         self.server_id = server_id
         self.address = address
+        self.credential = credential
+
+    async def _from_a_peer(self, context: Context) -> bool:
+        if self.credential.admits(context.invocation_metadata()):
+            return True
+        refused = NotAPeer("replication calls are taken only from the cluster's servers (peer secret)")
+        await abort_with(context, refused)
+        return False
 
     def _replica(self, queue: str, shard: int) -> ShardReplica | None:
         return self.replicas.get(queue, shard)
 
     async def Append(self, request: replication_pb2.AppendRequest, context: Context) -> replication_pb2.AppendResponse:
+        if not await self._from_a_peer(context):
+            return replication_pb2.AppendResponse()  # not reached: abort raises
         replica = self._replica(request.queue, request.shard)
         if replica is None:
             return replication_pb2.AppendResponse(
@@ -36,6 +54,8 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
     async def Snapshot(
         self, request: replication_pb2.SnapshotRequest, context: Context
     ) -> AsyncIterator[replication_pb2.SnapshotChunk]:
+        if not await self._from_a_peer(context):
+            return
         replica = self._replica(request.queue, request.shard)
         if replica is None or request.requester_id not in replica.replicas:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "not a replica of that shard")
@@ -46,6 +66,8 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
     async def GetReplicaStatus(
         self, request: replication_pb2.GetReplicaStatusRequest, context: Context
     ) -> replication_pb2.ReplicaStatusList:
+        if not await self._from_a_peer(context):
+            return replication_pb2.ReplicaStatusList()  # not reached: abort raises
         replicas = [replica.status() for replica in self.replicas.all()]
         return replication_pb2.ReplicaStatusList(
             server_id=self.server_id, address=self.address, pid=os.getpid(), replicas=replicas

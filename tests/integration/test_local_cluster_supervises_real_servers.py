@@ -13,6 +13,7 @@ import os
 import pathlib
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -23,12 +24,14 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from shard_server.local.cluster_files import LEASE_STORE_DIR
+from shard_server.local.cluster_files import LEASE_STORE_DIR, PEER_SECRET_FILE
 from shard_server.local.processes import is_cluster_server, process_is_alive
 from shardq import Client, ShardqError
+from shardq.api.v1 import replication_pb2, replication_pb2_grpc
 from shardq.coordination.fencing import isr_of
 from shardq.coordination.leases import LeaseRecord
 from shardq.coordination.local_leases import LocalLeaseStore
+from shardq.coordination.peer_credentials import read_peer_secret
 from shardq.errors import Reason
 from tests.support.ports import free_port_block
 from tests.support.servers import wait_for
@@ -171,6 +174,26 @@ def test_up_writes_its_files_and_starts_servers_that_answer_health_checks(cluste
     leases = cluster.leases()
     assert {name: lease.holder for name, lease in leases.items()} == placement_leaders(cluster)
     assert all(lease.transitions == 1 and isr_of(lease) == {"s1", "s2", "s3"} for lease in leases.values())
+
+
+def test_the_servers_share_a_secret_only_the_owner_reads_and_refuse_replication_calls_without_it(
+    cluster: LocalCluster,
+) -> None:
+    cluster.up()
+
+    path = cluster.data_dir / PEER_SECRET_FILE
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    credential = read_peer_secret(path)
+    for server_id, entry in sorted(cluster.record()["servers"].items()):
+        with grpc.insecure_channel(entry["endpoint"]) as channel:
+            stub = replication_pb2_grpc.ReplicationServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.GetReplicaStatus(replication_pb2.GetReplicaStatusRequest(), timeout=5)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED  # type: ignore[attr-defined]
+            answer = stub.GetReplicaStatus(
+                replication_pb2.GetReplicaStatusRequest(), metadata=credential.metadata, timeout=5
+            )
+            assert answer.server_id == server_id
 
 
 def test_status_shows_every_server_and_each_shard_with_its_leader_and_epoch(cluster: LocalCluster) -> None:

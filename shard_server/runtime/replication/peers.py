@@ -7,13 +7,16 @@ import grpc
 from shard_server.runtime.forwarding import PEER_CHANNEL_OPTIONS
 from shardq.api.v1 import replication_pb2_grpc
 from shardq.coordination.cluster_map import ClusterMap
+from shardq.coordination.peer_credentials import NO_PEER_SECRET, PeerCredential
 
 
 class PeerChannels:
     """One gRPC channel per peer server, shared by every replica of this server."""
 
-    def __init__(self, cluster: ClusterMap) -> None:
+    def __init__(self, cluster: ClusterMap, *, credential: PeerCredential = NO_PEER_SECRET) -> None:
         self.cluster = cluster
+        # What every call to a peer carries (the peer secret, if the cluster has one).
+        self.metadata = credential.metadata
         self._stubs: dict[str, replication_pb2_grpc.ReplicationServiceAsyncStub] = {}
         self._channels: list[grpc.aio.Channel] = []
 

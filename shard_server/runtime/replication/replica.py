@@ -635,7 +635,7 @@ class ShardReplica:
                 commit_index=self.commit_index,
             )
             try:
-                response = await stub.Append(request, timeout=APPEND_TIMEOUT_S)
+                response = await stub.Append(request, metadata=self.peers.metadata, timeout=APPEND_TIMEOUT_S)
             except grpc.RpcError:
                 await asyncio.sleep(HEARTBEAT_S)
                 continue
@@ -816,7 +816,7 @@ class ShardReplica:
                 request = replication_pb2.SnapshotRequest(
                     queue=self.shard.queue.config.name, shard=self.shard.index, requester_id=self.server_id
                 )
-                async for chunk in self.peers.stub(leader).Snapshot(request, timeout=600):
+                async for chunk in self.peers.stub(leader).Snapshot(request, metadata=self.peers.metadata, timeout=600):
                     sink.write(chunk.data)
                     received += len(chunk.data)
             directory = self.shard.environment.path

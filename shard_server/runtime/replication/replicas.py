@@ -91,7 +91,7 @@ class Replicas:
             return False
         try:
             status = await self.peers.stub(leader).GetReplicaStatus(
-                replication_pb2.GetReplicaStatusRequest(), timeout=LEADER_POLL_S * 20
+                replication_pb2.GetReplicaStatusRequest(), metadata=self.peers.metadata, timeout=LEADER_POLL_S * 20
             )
         except grpc.RpcError:
             return False
