@@ -1,5 +1,8 @@
 """The operator as a process on the host, talking to a test cluster's API server
-(`shardq operator --namespace NS --kubeconfig K`), stopped by PID."""
+(`shardq operator --namespace NS --kubeconfig K --peer-key-file F`), stopped by PID.
+
+Every operator of a namespace gets the same peer key (as the chart's replicas share one
+Secret), so a standby that takes over derives the clusters' peer secrets unchanged."""
 
 from __future__ import annotations
 
@@ -11,7 +14,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from shardq.coordination.peer_credentials import new_peer_secret, write_peer_secret
+
 STOP_DEADLINE_S = 15.0
+
+
+def peer_key_file(kubeconfig: Path, namespace: str) -> Path:
+    """The peer key of the operators of `namespace`, made on first use."""
+    path = kubeconfig.parent / f"operator-peer-key-{namespace}"
+    if not path.exists():
+        write_peer_secret(path, new_peer_secret())
+    return path
 
 
 @contextmanager
@@ -32,6 +45,8 @@ def running_operator(
                 "127.0.0.1",
                 "--metrics-port",
                 str(metrics_port),
+                "--peer-key-file",
+                str(peer_key_file(kubeconfig, namespace)),
                 *(("--identity", identity) if identity else ()),
             ],
             stdout=log,

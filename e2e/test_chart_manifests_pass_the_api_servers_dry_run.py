@@ -332,9 +332,14 @@ def test_the_operator_role_covers_what_it_writes_and_reads_and_no_more(
             ("get", "leases.coordination.k8s.io", *here),
             ("create", "events", *here),
             ("list", "customresourcedefinitions.apiextensions.k8s.io"),
+            # Each cluster's peer Secret, written by server-side apply and never read.
+            ("create", "secrets", *here),
+            ("patch", "secrets", *here),
         ]
         denied = [
             ("get", "secrets", *here),
+            ("list", "secrets", *here),
+            ("watch", "secrets", *here),
             ("create", "pods", *here),
             ("delete", "pods", *here),
             ("delete", "statefulsets.apps", *here),

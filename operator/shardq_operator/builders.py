@@ -6,11 +6,14 @@ owner reference, so deleting the owner lets the garbage collector remove it.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
 from typing import Any
 
 from shardq.coordination.cluster_map import CLUSTER_MAP_KEY, ClusterMap, cluster_map_to_text
+from shardq.coordination.peer_credentials import NO_PEER_SECRET, PeerCredential
 from shardq_operator import naming
+from shardq_operator.peer_secrets import secret_digest
 
 Manifest = dict[str, Any]
 
@@ -97,6 +100,19 @@ def map_config(owner: Mapping[str, Any], cluster_map: ClusterMap) -> Manifest:
     }
 
 
+def peer_secret(owner: Mapping[str, Any], credential: PeerCredential) -> Manifest:
+    """What the cluster's servers present to each other (shardq.coordination.peer_credentials)."""
+    cluster = owner["metadata"]["name"]
+    assert credential.secret is not None
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(naming.peer_secret(cluster), owner, cluster),
+        "type": "Opaque",
+        "data": {naming.PEER_SECRET_KEY: base64.b64encode(credential.secret.encode()).decode()},
+    }
+
+
 def peers_service(owner: Mapping[str, Any]) -> Manifest:
     """Headless: every server a stable DNS name, published before it is ready (peers
     must reach a starting follower to bring it up to date)."""
@@ -143,8 +159,9 @@ def disruption_budget(owner: Mapping[str, Any]) -> Manifest:
     }
 
 
-def stateful_set(owner: Mapping[str, Any], *, servers: int) -> Manifest:
-    """The shard servers: one pod per server id, a volume each, Ready when gRPC health says so."""
+def stateful_set(owner: Mapping[str, Any], *, servers: int, credential: PeerCredential = NO_PEER_SECRET) -> Manifest:
+    """The shard servers: one pod per server id, a volume each, Ready when gRPC health says
+    so, and the cluster's peer secret (`credential`, none when the operator has no key)."""
     cluster = owner["metadata"]["name"]
     namespace = owner["metadata"]["namespace"]
     spec = owner.get("spec", {})
@@ -197,6 +214,17 @@ def stateful_set(owner: Mapping[str, Any], *, servers: int) -> Manifest:
         "containers": [container],
         "terminationGracePeriodSeconds": 15,
     }
+    template_metadata: Manifest = {"labels": naming.labels(cluster)}
+    if credential.secret is not None:
+        container["args"] += ["--peer-secret-file", f"{naming.PEER_SECRET_PATH}/{naming.PEER_SECRET_KEY}"]
+        container["volumeMounts"].append(
+            {"name": "peer-secret", "mountPath": naming.PEER_SECRET_PATH, "readOnly": True}
+        )
+        pod_spec["volumes"] = [
+            {"name": "peer-secret", "secret": {"secretName": naming.peer_secret(cluster), "defaultMode": 0o400}}
+        ]
+        # A server reads its secret once, at start: a changed one must restart every pod.
+        template_metadata["annotations"] = {"shardq.io/peer-secret-digest": secret_digest(credential)}
     for field in ("nodeSelector", "tolerations", "affinity", "topologySpreadConstraints", "priorityClassName"):
         if field in template_overrides:
             pod_spec[field] = template_overrides[field]
@@ -220,7 +248,7 @@ def stateful_set(owner: Mapping[str, Any], *, servers: int) -> Manifest:
                 "whenDeleted": "Retain" if retain else "Delete",
                 "whenScaled": "Retain",
             },
-            "template": {"metadata": {"labels": naming.labels(cluster)}, "spec": pod_spec},
+            "template": {"metadata": template_metadata, "spec": pod_spec},
             "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": claim_spec}],
         },
     }

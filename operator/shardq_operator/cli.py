@@ -39,6 +39,13 @@ def _pod_namespace() -> str:
 @click.option(
     "--identity", default=None, help="this replica's name in the leader Lease (default: pod name, or host-pid)"
 )
+@click.option(
+    "--peer-key-file",
+    type=click.Path(dir_okay=False, path_type=pathlib.Path),
+    default=None,
+    help="the key every cluster's peer secret is derived from (at least 32 printable characters; the chart "
+    "makes one); without it clusters run without a peer secret, and their servers take any caller for a peer",
+)
 def operator_command(
     namespaces: tuple[str, ...],
     kubeconfig: pathlib.Path | None,
@@ -48,6 +55,7 @@ def operator_command(
     leader_lease_namespace: str | None,
     leader_lease_duration: str,
     identity: str | None,
+    peer_key_file: pathlib.Path | None,
 ) -> None:
     """Reconcile ShardqCluster and Queue resources into shard servers, and fail shards over."""
     # Imported here: the CLI starts fast, and only this command needs kopf.
@@ -64,9 +72,18 @@ def operator_command(
     if kubeconfig is not None:
         os.environ["KUBECONFIG"] = str(kubeconfig)  # kopf's own login reads it
     from shardq.coordination.kubernetes_leases import KubernetesLeaseStore
+    from shardq.coordination.peer_credentials import NO_PEER_SECRET, read_peer_secret
     from shardq.durations import parse_duration_ms
     from shardq_operator.leadership import OperatorLeadership, default_identity
 
+    try:
+        peer_key = NO_PEER_SECRET if peer_key_file is None else read_peer_secret(peer_key_file)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--peer-key-file") from None
+    if peer_key.secret is None:
+        logging.getLogger(__name__).warning(
+            "no --peer-key-file: clusters run without a peer secret, and their servers take any caller for a peer"
+        )
     lease_namespace = leader_lease_namespace or (namespaces[0] if namespaces else _pod_namespace())
     try:
         duration_ms = parse_duration_ms(leader_lease_duration)
@@ -80,7 +97,7 @@ def operator_command(
     )
     # kopf reads --namespace values as patterns; only plain names need no namespace listing.
     named = bool(namespaces) and not any(set(n) & set("*?!,") for n in namespaces)
-    handlers.use(Reconciler(Kube(api)), leadership, named_namespaces=named)
+    handlers.use(Reconciler(Kube(api), peer_key=peer_key), leadership, named_namespaces=named)
     leadership.keep_renewing()
     if metrics_port:
         try:

@@ -81,6 +81,7 @@ class Kube:
         writers: dict[str, Callable[..., Any]] = {
             "ServiceAccount": self.core.patch_namespaced_service_account,
             "ConfigMap": self.core.patch_namespaced_config_map,
+            "Secret": self.core.patch_namespaced_secret,
             "Service": self.core.patch_namespaced_service,
             "Role": self.rbac.patch_namespaced_role,
             "RoleBinding": self.rbac.patch_namespaced_role_binding,

@@ -8,6 +8,9 @@ API_VERSION = f"{GROUP}/{VERSION}"
 GRPC_PORT = 7600
 METRICS_PORT = 9600
 DATA_PATH = "/data"
+# Where a server pod finds its cluster's peer secret (a Secret volume), under this key.
+PEER_SECRET_PATH = "/etc/shardq/peer"
+PEER_SECRET_KEY = "secret"
 MANAGED_BY = "shardq-operator"
 # A Queue that names no cluster is placed on this one (the chart can create it).
 DEFAULT_CLUSTER = "default"
@@ -28,6 +31,10 @@ def client_service(cluster: str) -> str:
 
 def map_config(cluster: str) -> str:
     return f"{cluster}-shardq-map"
+
+
+def peer_secret(cluster: str) -> str:
+    return f"{cluster}-shardq-peer"
 
 
 def account(cluster: str) -> str:

@@ -22,6 +22,7 @@ from shardq.coordination.cluster_map import ClusterMap, cluster_map_from_text, l
 from shardq.coordination.fencing import build_isr_change, build_takeover, is_expired, isr_of
 from shardq.coordination.leases import LeaseConflict, LeaseRecord
 from shardq.coordination.new_shard_leases import write_lease_for_new_shard
+from shardq.coordination.peer_credentials import NO_PEER_SECRET, PeerCredential
 from shardq.coordination.placement import ShardId
 from shardq.coordination.replica_moves import DEFAULT_MAX_IN_FLIGHT, MovePlan, ReplicaMove, plan_replica_moves
 from shardq.coordination.takeovers import (
@@ -39,6 +40,7 @@ from shardq_operator import builders, metrics, naming
 from shardq_operator.kube import ApplyRefused, Kube, Manifest
 from shardq_operator.mapping import DesiredMap, desired_map, servers_needed, with_servers
 from shardq_operator.observing import NotReady, observe_servers, pod_address, servers_not_ready
+from shardq_operator.peer_secrets import cluster_peer_secret
 from shardq_operator.server_reads import ServerReads
 from shardq_operator.statuses import LeaderReport
 
@@ -154,8 +156,11 @@ def _degraded(previous: list[Mapping[str, Any]], problem: str, placed: bool, dea
 
 
 class Reconciler:
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, *, peer_key: PeerCredential = NO_PEER_SECRET) -> None:
+        """`peer_key`: what every cluster's peer secret is derived from (peer_secrets); with
+        none, clusters run without one and their servers take any caller for a peer."""
         self.kube = kube
+        self.peer_key = peer_key
         # Leader reports and queue counts, read from the servers on a thread of its own.
         self.server_reads = ServerReads(every_s=COUNTS_EVERY_S)
         # (namespace, server) -> monotonic time it was first seen down; its container's start.
@@ -288,7 +293,12 @@ class Reconciler:
             # the Leases go when the cluster does.
             self.kube.own_lease(namespace, record.name, builders.lease_owner_reference(owner))
         self._carry_out_moves(owner, live, moves, cluster_map, held)
+        credential = cluster_peer_secret(
+            self.peer_key, namespace=namespace, cluster=name, uid=str(owner["metadata"].get("uid", ""))
+        )
         manifests = [
+            # Before the servers: a pod whose Secret volume is missing does not start.
+            *([builders.peer_secret(owner, credential)] if credential.secret is not None else []),
             builders.service_account(owner),
             builders.role(owner),
             builders.role_binding(owner),
@@ -296,7 +306,7 @@ class Reconciler:
             builders.peers_service(owner),
             builders.client_service(owner),
             builders.disruption_budget(owner),
-            builders.stateful_set(owner, servers=count),
+            builders.stateful_set(owner, servers=count, credential=credential),
         ]
         for queue_name, queue in live.items():
             for index, replicas in enumerate(cluster_map.placement.get(queue_name, [])):
@@ -315,6 +325,7 @@ class Reconciler:
             (namespace, name),
             addresses=[address for pod in pods if is_ready(pod) and (address := pod_address(pod, naming.GRPC_PORT))],
             queues=sorted(queue for queue in live if queue in cluster_map.placement),
+            credential=credential,
         )
         tick = Tick(cluster_map=cluster_map, problems=desired.problems, moves=moves)
         now = wall_clock_ms()

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from shardq import Client, ShardqError
+from shardq.coordination.peer_credentials import NO_PEER_SECRET, PeerCredential
 from shardq.coordination.placement import ShardId
 from shardq.durations import format_age_ms
 from shardq_operator.statuses import LeaderReport, leader_reports
@@ -34,6 +35,8 @@ class Wanted:
 
     addresses: tuple[str, ...]
     queues: tuple[str, ...]
+    # What the servers' status calls carry (the cluster's peer secret).
+    credential: PeerCredential = NO_PEER_SECRET
 
 
 def read_queue_counts(addresses: Sequence[str], queue: str) -> dict[str, Any] | None:
@@ -62,7 +65,7 @@ class ServerReads:
         self,
         *,
         every_s: float,
-        read_reports: Callable[[Sequence[str]], dict[ShardId, LeaderReport]] = leader_reports,
+        read_reports: Callable[[Sequence[str], PeerCredential], dict[ShardId, LeaderReport]] = leader_reports,
         read_counts: Callable[[Sequence[str], str], dict[str, Any] | None] = read_queue_counts,
         background: bool = True,
     ) -> None:
@@ -80,10 +83,17 @@ class ServerReads:
         self._thread: threading.Thread | None = None
 
     # -- the reconcile's side: never blocks on a server -----------------------------------
-    def want(self, cluster: ClusterKey, *, addresses: Sequence[str], queues: Sequence[str]) -> None:
+    def want(
+        self,
+        cluster: ClusterKey,
+        *,
+        addresses: Sequence[str],
+        queues: Sequence[str],
+        credential: PeerCredential = NO_PEER_SECRET,
+    ) -> None:
         """Read these from now on (the reconcile calls it every pass with what it sees).
         The first call for a cluster wakes the reader, so a new cluster's figures come at once."""
-        wanted = Wanted(tuple(addresses), tuple(queues))
+        wanted = Wanted(tuple(addresses), tuple(queues), credential)
         with self._lock:
             first = cluster not in self._wanted
             self._wanted[cluster] = wanted
@@ -127,7 +137,7 @@ class ServerReads:
         with self._lock:
             wanted: Mapping[ClusterKey, Wanted] = dict(self._wanted)
         for cluster, what in wanted.items():
-            reports = self._read_reports(what.addresses)
+            reports = self._read_reports(what.addresses, what.credential)
             with self._lock:
                 if cluster in self._wanted:
                     self._reports[cluster] = reports

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 import grpc
 
 from shardq.api.v1 import replication_pb2, replication_pb2_grpc
+from shardq.coordination.peer_credentials import PeerCredential
 from shardq.coordination.placement import ShardId
 
 STATUS_TIMEOUT_S = 2.0
@@ -23,15 +24,18 @@ class LeaderReport:
     messages: int
 
 
-def leader_reports(addresses: Iterable[str]) -> dict[ShardId, LeaderReport]:
-    """Every shard led by one of the servers at `addresses`; servers that do not answer
-    are left out (their shards then count as idle: no move is made for them)."""
+def leader_reports(addresses: Iterable[str], credential: PeerCredential) -> dict[ShardId, LeaderReport]:
+    """Every shard led by one of the servers at `addresses`, asked with the cluster's peer
+    secret; servers that do not answer are left out (their shards then count as idle: no
+    move is made for them)."""
     reports: dict[ShardId, LeaderReport] = {}
     for address in addresses:
         with grpc.insecure_channel(address) as channel:
             stub = replication_pb2_grpc.ReplicationServiceStub(channel)
             try:
-                answer = stub.GetReplicaStatus(replication_pb2.GetReplicaStatusRequest(), timeout=STATUS_TIMEOUT_S)
+                answer = stub.GetReplicaStatus(
+                    replication_pb2.GetReplicaStatusRequest(), metadata=credential.metadata, timeout=STATUS_TIMEOUT_S
+                )
             except grpc.RpcError:
                 continue
         for replica in answer.replicas:

@@ -64,7 +64,7 @@ def test_a_paused_server_holds_up_the_reader_but_never_the_reconcile(tmp_path: p
 def test_a_queue_nobody_answers_for_keeps_its_last_figures_a_deleted_one_loses_them() -> None:
     answers: list[dict[str, Any] | None] = [{"visible": 3, "inFlight": 1, "oldestAge": "2s"}, None]
     reads = ServerReads(
-        every_s=3600, read_reports=lambda _: {}, read_counts=lambda _, __: answers.pop(0), background=False
+        every_s=3600, read_reports=lambda *_: {}, read_counts=lambda _, __: answers.pop(0), background=False
     )
     reads.want(CLUSTER, addresses=["127.0.0.1:1"], queues=[QUEUE])
     reads.read_once()
@@ -85,7 +85,7 @@ def test_a_queue_deleted_while_its_counts_are_read_gets_no_figures_back() -> Non
         reads.want(CLUSTER, addresses=addresses, queues=[])
         return {"visible": 3, "inFlight": 0, "oldestAge": ""}
 
-    reads = ServerReads(every_s=3600, read_reports=lambda _: {}, read_counts=read_counts, background=False)
+    reads = ServerReads(every_s=3600, read_reports=lambda *_: {}, read_counts=read_counts, background=False)
     reads.want(CLUSTER, addresses=["127.0.0.1:1"], queues=[QUEUE])
     reads.read_once()
     assert reads.queue_counts("ns", QUEUE) == {}

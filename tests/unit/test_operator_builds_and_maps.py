@@ -3,14 +3,17 @@ writes, and servers as seen through pods."""
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import pytest
 from shardq_operator import builders, naming
 from shardq_operator.mapping import desired_map, servers_needed
 from shardq_operator.observing import NotReady, observe_pod, observe_servers, servers_to_ask, why_not_ready
+from shardq_operator.peer_secrets import cluster_peer_secret
 
 from shardq.coordination.cluster_map import CLUSTER_MAP_KEY, cluster_map_from_text
+from shardq.coordination.peer_credentials import NO_PEER_SECRET, parse_peer_secret
 
 CLUSTER: dict[str, Any] = {
     "apiVersion": "shardq.io/v1alpha1",
@@ -97,6 +100,48 @@ def test_the_stateful_set_runs_servers_on_kubernetes_leases_following_the_map() 
     assert spec["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "2Gi"
     assert spec["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Retain"
     assert spec["template"]["spec"]["serviceAccountName"] == naming.account("main")
+
+
+def test_each_cluster_gets_its_own_peer_secret_derived_from_the_operators_key() -> None:
+    key = parse_peer_secret("k" * 40)
+    secret = cluster_peer_secret(key, namespace="shop", cluster="main", uid="u-1")
+    assert secret == cluster_peer_secret(key, namespace="shop", cluster="main", uid="u-1")  # a restart: the same
+    assert parse_peer_secret(secret.secret or "") == secret  # a secret the servers take
+    others = [
+        cluster_peer_secret(key, namespace="shop", cluster="main", uid="u-2"),  # made anew under its old name
+        cluster_peer_secret(key, namespace="shop", cluster="other", uid="u-1"),
+        cluster_peer_secret(key, namespace="shop2", cluster="main", uid="u-1"),
+        cluster_peer_secret(key, namespace="sho", cluster="pmain", uid="u-1"),  # no joining ambiguity
+        cluster_peer_secret(parse_peer_secret("j" * 40), namespace="shop", cluster="main", uid="u-1"),
+    ]
+    assert len({other.secret for other in [secret, *others]}) == 6
+    assert cluster_peer_secret(NO_PEER_SECRET, namespace="shop", cluster="main", uid="u-1") == NO_PEER_SECRET
+
+
+def test_the_servers_get_the_peer_secret_from_a_secret_volume_and_roll_when_it_changes() -> None:
+    secret = parse_peer_secret("s" * 43)
+    manifest = builders.peer_secret(CLUSTER, secret)
+    assert (manifest["kind"], manifest["metadata"]["name"]) == ("Secret", naming.peer_secret("main"))
+    assert manifest["metadata"]["ownerReferences"][0]["uid"] == "u-1"  # deleted with the cluster
+    assert base64.b64decode(manifest["data"][naming.PEER_SECRET_KEY]).decode() == secret.secret
+
+    template = builders.stateful_set(CLUSTER, servers=3, credential=secret)["spec"]["template"]
+    container = template["spec"]["containers"][0]
+    path = container["args"][container["args"].index("--peer-secret-file") + 1]
+    mount = next(mount for mount in container["volumeMounts"] if path.startswith(mount["mountPath"] + "/"))
+    volume = next(volume for volume in template["spec"]["volumes"] if volume["name"] == mount["name"])
+    assert volume["secret"] == {"secretName": naming.peer_secret("main"), "defaultMode": 0o400}
+    assert path.endswith("/" + naming.PEER_SECRET_KEY)
+    assert mount["readOnly"]
+    digest = template["metadata"]["annotations"]["shardq.io/peer-secret-digest"]
+    assert secret.secret not in str(template)
+    changed = builders.stateful_set(CLUSTER, servers=3, credential=parse_peer_secret("t" * 43))
+    assert changed["spec"]["template"]["metadata"]["annotations"]["shardq.io/peer-secret-digest"] != digest
+
+    plain = builders.stateful_set(CLUSTER, servers=3)["spec"]["template"]
+    assert "--peer-secret-file" not in plain["spec"]["containers"][0]["args"]
+    assert "volumes" not in plain["spec"]
+    assert "annotations" not in plain["metadata"]
 
 
 def test_the_servers_may_touch_only_leases_and_their_own_map() -> None:

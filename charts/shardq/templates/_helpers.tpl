@@ -64,3 +64,8 @@ app.kubernetes.io/component: operator
 {{- define "shardq.cleanupName" -}}
 {{- printf "%s-cleanup" (include "shardq.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
+
+{{/* The Secret holding the operator's peer key: the user's, or the one the chart makes. */}}
+{{- define "shardq.peerKeySecret" -}}
+{{- default (printf "%s-peer-key" (include "shardq.operatorName" .)) .Values.operator.peerKeySecret -}}
+{{- end }}
