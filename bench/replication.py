@@ -66,6 +66,7 @@ from shardq.coordination.cluster_map import CLUSTER_FILE, QueueEntry, lease_name
 from shardq.coordination.fencing import build_isr_change, build_takeover, is_expired, isr_of
 from shardq.coordination.leases import LeaseConflict, LeaseRecord
 from shardq.coordination.local_leases import LocalLeaseStore
+from shardq.coordination.peer_credentials import NO_PEER_SECRET, new_peer_secret, read_peer_secret, write_peer_secret
 from shardq.coordination.placement import ShardId
 from shardq.coordination.takeovers import Takeover, TakeoverReason, isr_after_takeover
 from shardq.errors import ShardqError
@@ -166,7 +167,10 @@ class Cluster:
         spec: dict[str, Any],
         placement: list[list[str]],
         lease_ms: int,
+        peer_secret: bool = True,
     ) -> None:
+        """`peer_secret`: the servers authenticate each other, as `shardq local` and the
+        operator's clusters do (off: every caller is taken for a peer)."""
         self.root = root
         self.queue = queue
         self.lease_ms = lease_ms
@@ -176,6 +180,12 @@ class Cluster:
         self.cluster_file = root / CLUSTER_FILE
         self.lease_path = root / "leases"
         self.leases = LocalLeaseStore(self.lease_path)
+        self.credential = NO_PEER_SECRET
+        self.secret_args: list[str] = []
+        if peer_secret:
+            secret_file = write_peer_secret(root / "peer-secret", new_peer_secret())
+            self.credential = read_peer_secret(secret_file)
+            self.secret_args = ["--peer-secret-file", str(secret_file)]
         seed_cluster(
             self.cluster_file,
             self.leases,
@@ -200,7 +210,7 @@ class Cluster:
             sys.executable, "-m", "shardq", "serve",
             "--cluster-file", str(self.cluster_file), "--server-id", server_id,
             "--lease-store", str(self.lease_path), "--data-dir", str(server.data_dir),
-            "--host", "127.0.0.1", "--port", str(server.port), "--log-format", "text",
+            "--host", "127.0.0.1", "--port", str(server.port), "--log-format", "text", *self.secret_args,
         ]  # fmt: skip
         offset = server.log_path.stat().st_size if server.log_path.exists() else 0
         with server.log_path.open("ab") as sink:
@@ -252,7 +262,9 @@ class Cluster:
         with grpc.insecure_channel(self.servers[server_id].address) as channel:
             stub = replication_pb2_grpc.ReplicationServiceStub(channel)
             try:
-                answer = stub.GetReplicaStatus(replication_pb2.GetReplicaStatusRequest(), timeout=5)
+                answer = stub.GetReplicaStatus(
+                    replication_pb2.GetReplicaStatusRequest(), metadata=self.credential.metadata, timeout=5
+                )
             except grpc.RpcError:
                 return None
         for replica in answer.replicas:
@@ -466,6 +478,7 @@ def run_failover(args: argparse.Namespace, data_root: pathlib.Path) -> dict[str,
         spec={"shards": 1, "replicas": 3},
         placement=[servers],
         lease_ms=args.lease_ms,
+        peer_secret=not args.no_peer_secret,
     ) as cluster:
         for trial in range(args.trials):
             if time.monotonic() - started > args.failover_max_seconds:
@@ -541,6 +554,7 @@ def run_throughput(args: argparse.Namespace, data_root: pathlib.Path) -> dict[st
             "phases": [name for name, _, _ in throughput_phases(args.drain)],
             "cpu": "server_cpu_us_per_msg is the leader's; all_servers_cpu_s sums every server over the phase",
             "note": "clients and every server share the machine's CPUs",
+            "peer_secret": not args.no_peer_secret,
         },
         "load_average_at_start": load_average(),
         "runs": [],
@@ -559,6 +573,7 @@ def run_throughput(args: argparse.Namespace, data_root: pathlib.Path) -> dict[st
                 spec={"shards": args.shards, "replicas": replicas},
                 placement=[servers] * args.shards,
                 lease_ms=args.lease_ms,
+                peer_secret=not args.no_peer_secret,
             ) as cluster:
                 leader = cluster.servers["s1"]
                 stored = 0
@@ -677,6 +692,7 @@ def bootstrap_once(args: argparse.Namespace, data_root: pathlib.Path, variant: s
         spec=spec,
         placement=[servers],
         lease_ms=args.lease_ms,
+        peer_secret=not args.no_peer_secret,
     ) as cluster:
         leader, follower = cluster.servers["s1"], cluster.servers["s2"]
         report["fill"] = event_loops.run(
@@ -821,6 +837,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=pathlib.Path, default=None, help="directory to write replication-LABEL.json")
     parser.add_argument("--data-root", type=pathlib.Path, default=None, help="where the temp data dir goes")
     parser.add_argument("--keep-data", action="store_true")
+    parser.add_argument(
+        "--no-peer-secret", action="store_true", help="servers without a peer secret (every caller is a peer)"
+    )
     args = parser.parse_args(argv)
     args.parts = args.parts or list(PARTS)
     if any(part not in PARTS for part in args.parts):

@@ -5,12 +5,15 @@ by its JSON pointer: `/operator/replicas`)."""
 
 from __future__ import annotations
 
+import base64
 import json
+from typing import Any
 
 import pytest
 
 from e2e.binaries import Binaries
 from e2e.helm import CHART, EVERY_SWITCH, helm, kinds_and_names, only, render, template_args
+from shardq.coordination.peer_credentials import MIN_SECRET_CHARACTERS
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(120)]
 
@@ -33,6 +36,8 @@ DEFAULTS = {
     ("ClusterRoleBinding", "shardq-operator-crds"),
     ("Deployment", "shardq-operator"),
     ("PodDisruptionBudget", "shardq-operator"),
+    # The key the operator derives every cluster's peer secret from.
+    ("Secret", "shardq-operator-peer-key"),
     ("Queue", "helm-test"),
     ("Pod", "shardq-test"),
     ("ServiceAccount", "shardq-cleanup"),
@@ -72,6 +77,28 @@ def test_defaults_render_the_operator_with_two_replicas_and_nothing_optional(bin
     assert {"name": "metrics", "containerPort": 9700} in container["ports"]
     assert [env["name"] for env in container["env"]] == ["POD_NAME"]
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "shardq-operator"
+    assert_reads_its_peer_key_from(deployment, "shardq-operator-peer-key")
+    key = only(manifests, "Secret")["data"]["key"]
+    assert len(base64.b64decode(key)) >= MIN_SECRET_CHARACTERS
+
+
+def assert_reads_its_peer_key_from(deployment: dict[str, Any], secret: str) -> None:
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (path,) = [arg.removeprefix("--peer-key-file=") for arg in container["args"] if arg.startswith("--peer-key-file=")]
+    (mount,) = [mount for mount in container["volumeMounts"] if path.startswith(mount["mountPath"] + "/")]
+    (volume,) = [volume for volume in pod["volumes"] if volume["name"] == mount["name"]]
+    assert volume["secret"]["secretName"] == secret
+    assert path == f"{mount['mountPath']}/key"
+    # The operator runs as 65534: the kubelet hands the files to its group.
+    assert volume["secret"]["defaultMode"] == 0o440
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+
+
+def test_a_peer_key_of_the_users_replaces_the_one_the_chart_makes(binaries: Binaries) -> None:
+    manifests = render(binaries, "operator.peerKeySecret=mine")
+    assert kinds_and_names(manifests) == DEFAULTS - {("Secret", "shardq-operator-peer-key")}
+    assert_reads_its_peer_key_from(only(manifests, "Deployment"), "mine")
 
 
 @pytest.mark.parametrize(
