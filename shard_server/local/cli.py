@@ -16,6 +16,7 @@ from shard_server.local.cluster_files import (
     LMDB_LEASE_FILE,
     METRICS_PORT_OFFSET,
     build_cluster_file,
+    ensure_peer_secret,
     open_cluster_lease_store,
     parse_queue_argument,
     read_cluster_file,
@@ -84,6 +85,7 @@ def up_command(
             metrics_base_port=metrics_base_port if metrics_base_port is not None else base_port + METRICS_PORT_OFFSET,
             lease_duration_ms=lease_duration_ms,
         )
+        credential = ensure_peer_secret(data_dir)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     stop = threading.Event()
@@ -100,7 +102,9 @@ def up_command(
             "imported %d shard leases, with their epochs, from %s", imported, data_dir / LMDB_LEASE_FILE
         )
     with store:
-        supervisor = Supervisor(settings=SupervisorSettings(data_dir=data_dir), cluster=cluster, store=store)
+        supervisor = Supervisor(
+            settings=SupervisorSettings(data_dir=data_dir), cluster=cluster, store=store, credential=credential
+        )
 
         def print_endpoints() -> None:
             for server_id, server in supervisor.servers.items():
@@ -132,7 +136,11 @@ def status_command(data_dir: pathlib.Path, as_json: bool) -> None:
     with store:
         leases = read_shard_leases(store, cluster)
     addresses = {server_id: entry.address for server_id, entry in cluster.servers.items()}
-    reports = fetch_all_replica_status(addresses, credential=read_cluster_peer_secret(data_dir))
+    try:
+        credential = read_cluster_peer_secret(data_dir)
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
+    reports = fetch_all_replica_status(addresses, credential=credential)
     status = build_cluster_status(
         cluster=cluster,
         record=record,

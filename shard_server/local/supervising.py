@@ -19,7 +19,6 @@ from collections.abc import Callable
 from shard_server.local.cluster_files import (
     SupervisedServer,
     SupervisorRecord,
-    ensure_peer_secret,
     remove_supervisor_record,
     write_supervisor_record,
 )
@@ -34,6 +33,7 @@ from shard_server.local.processes import (
 from shardq.coordination.cluster_map import CLUSTER_FILE, ClusterMap, lease_name, read_cluster_map
 from shardq.coordination.fencing import build_isr_change, build_takeover, isr_of
 from shardq.coordination.leases import LeaseConflict, LeaseRecord, LeaseStore
+from shardq.coordination.peer_credentials import PeerCredential
 from shardq.coordination.takeovers import (
     ServerObservation,
     Takeover,
@@ -92,12 +92,16 @@ def read_shard_leases(store: LeaseStore, cluster: ClusterMap) -> dict[str, Lease
 
 
 class Supervisor:
-    def __init__(self, *, settings: SupervisorSettings, cluster: ClusterMap, store: LeaseStore) -> None:
+    def __init__(
+        self, *, settings: SupervisorSettings, cluster: ClusterMap, store: LeaseStore, credential: PeerCredential
+    ) -> None:
+        """`credential`: the cluster's peer secret (cluster_files.ensure_peer_secret), which
+        its servers are started with and its status calls carry."""
         self.settings = settings
         self.cluster = cluster
         self._map_stamp = 0
         self.store = store
-        self.credential = ensure_peer_secret(settings.data_dir)
+        self.credential = credential
         self.servers = {
             server_id: ManagedServer(
                 entry=entry,

@@ -324,6 +324,26 @@ def test_a_second_supervisor_on_the_same_data_dir_is_refused(cluster: LocalClust
     assert cluster.record()["pid"] == cluster.process.pid
 
 
+def test_an_unusable_peer_secret_stops_up_and_status_naming_the_file(tmp_path: pathlib.Path) -> None:
+    base_port, metrics_base_port = free_port_block(2)
+    data_dir = tmp_path / "cluster"
+    data_dir.mkdir()
+    (data_dir / PEER_SECRET_FILE).write_text("tooshort")
+    up = [
+        sys.executable, "-m", "shardq", "local", "up", "--data-dir", str(data_dir), "--servers", "2",
+        "--base-port", str(base_port), "--metrics-base-port", str(metrics_base_port), "--queue", "q:replicas=2",
+    ]  # fmt: skip
+    result = subprocess.run(up, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1, result.stderr
+    assert f"{data_dir / PEER_SECRET_FILE}: a peer secret has at least 32 characters" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (data_dir / "servers").exists()  # no server was started
+    status = [sys.executable, "-m", "shardq", "local", "status", "--data-dir", str(data_dir)]
+    result = subprocess.run(status, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1, result.stderr
+    assert "a peer secret has at least 32 characters" in result.stderr
+
+
 def test_a_port_in_use_stops_up_at_once_naming_the_server_and_port(tmp_path: pathlib.Path) -> None:
     """The server that could not listen was restarted with back-off for good, and `up`
     never said why nor exited."""
