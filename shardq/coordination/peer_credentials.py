@@ -7,9 +7,10 @@ every caller was trusted as a peer: a client could append entries to a follower'
 or set the reserved `shardq.*` attributes by marking its send as forwarded.
 
 A server without a secret (a standalone server, or a cluster started by hand without
-one) still trusts every caller, as before. `shardq local` and the operator always give
-their servers one. The secret travels as call metadata, like a bearer token: anyone who
-can read the traffic between servers can read it.
+one) still trusts every caller, as before. `shardq local` always gives its servers one,
+and the operator does when it has a key (the chart makes one). The secret travels as
+call metadata, like a bearer token: anyone who can read the traffic between servers can
+read it.
 """
 
 from __future__ import annotations
