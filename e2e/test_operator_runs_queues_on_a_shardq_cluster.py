@@ -5,6 +5,7 @@ restarting a pod."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import signal
@@ -25,7 +26,8 @@ from e2e.polling import wait_for
 from e2e.processes import server_pid
 from e2e.realnode import RunningNode
 from shardq import Client, Message, ShardqError
-from shardq.api.v1 import queue_pb2, queue_pb2_grpc
+from shardq.api.v1 import queue_pb2, queue_pb2_grpc, replication_pb2, replication_pb2_grpc
+from shardq.coordination.peer_credentials import PEER_SECRET_HEADER
 from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.realnode, pytest.mark.timeout(600)]
@@ -145,6 +147,20 @@ def send_all(endpoint: str, queue: str, bodies: list[bytes], *, group: str = "",
                     time.sleep(0.2)
 
 
+def assert_only_peers_get_replication_answers(core: client.CoreV1Api, namespace: str, pod: str) -> None:
+    secret = core.read_namespaced_secret("main-shardq-peer", namespace)
+    assert [owner.kind for owner in secret.metadata.owner_references] == ["ShardqCluster"]
+    peer = ((PEER_SECRET_HEADER, base64.b64decode(secret.data["secret"]).decode()),)
+    pod_ip = core.read_namespaced_pod(pod, namespace).status.pod_ip
+    with grpc.insecure_channel(f"{pod_ip}:7600") as channel:
+        stub = replication_pb2_grpc.ReplicationServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.GetReplicaStatus(replication_pb2.GetReplicaStatusRequest(), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED  # type: ignore[attr-defined]
+        answer = stub.GetReplicaStatus(replication_pb2.GetReplicaStatusRequest(), metadata=peer, timeout=5)
+        assert answer.server_id == pod
+
+
 def test_queues_on_a_cluster_serve_fail_over_and_change_without_restarts(
     real_node: RunningNode, node_namespace: str, tmp_path: Path
 ) -> None:
@@ -194,6 +210,9 @@ def test_queues_on_a_cluster_serve_fail_over_and_change_without_restarts(
             return [status["depth"] for status in statuses]
 
         wait_for(shard_depths, timeout=30, what="the Shards' status to show 20 messages between them")
+        # Those depths came from the servers' replication status, which only peers may ask:
+        # the operator derives the cluster's secret, which the pods have from its Secret.
+        assert_only_peers_get_replication_answers(core, namespace, "main-shardq-0")
         leaders = shard_leaders(api, namespace, "orders")
         assert sorted(leaders) == [0, 1]
         assert all(leader.startswith("main-shardq-") for leader, _ in leaders.values())
