@@ -1,9 +1,10 @@
 """Replication calls, and calls marked as forwarded, are taken only from the cluster's servers.
 
-Before the peer secret a server took any caller for a peer: a client could append to a
-follower's log at an epoch of its choosing, stream a whole shard out through Snapshot by
-naming a replica, or set the reserved `shardq.*` attributes by marking its send as
-forwarded. Now each is refused with UNAUTHENTICATED and reason NOT_A_PEER, before it is
+Before the peer secret a server took any caller for a peer: a client could append entries
+to a follower's log by naming the current epoch and its lease holder (the fencing checks
+who the lease names, not who calls), stream a whole shard out through Snapshot by naming
+a replica, or set the reserved `shardq.*` attributes by marking its send as forwarded.
+Now each is refused with UNAUTHENTICATED and reason NOT_A_PEER, before it is
 acted on, while the servers, which hold the secret, replicate and forward as before.
 
 Real servers, each started with `--peer-secret-file`: s1 leads shard 0, s2 and s3 copy it,
@@ -107,11 +108,11 @@ def test_servers_with_the_secret_replicate_and_forward_and_nobody_else_may(clust
         assert before.last_index >= 1  # copied (its commit index follows with the next heartbeat)
 
         for metadata in [(), ((PEER_SECRET_HEADER, NOT_THE_SECRET),), ((PEER_SECRET_HEADER, secret[:-1]),)]:
-            # An epoch from the future: a follower that took it would refuse its real leader.
+            # Passes the fencing: the epoch and the leader are the ones the lease names.
             hostile = replication_pb2.AppendRequest(
                 queue=QUEUE,
                 shard=SHARD,
-                epoch=before.epoch + 5,
+                epoch=before.epoch,
                 leader_id="s1",
                 prev_index=before.last_index,
                 prev_epoch=before.epoch,
