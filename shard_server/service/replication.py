@@ -30,19 +30,17 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
         self.address = address
         self.credential = credential
 
-    async def _from_a_peer(self, context: Context) -> bool:
-        if self.credential.admits(context.invocation_metadata()):
-            return True
-        refused = NotAPeer("replication calls are taken only from the cluster's servers (peer secret)")
-        await abort_with(context, refused)
-        return False
+    async def _only_from_peers(self, context: Context) -> None:
+        """Ends the call (abort raises) unless it carries the peer secret."""
+        if not self.credential.admits(context.invocation_metadata()):
+            refused = NotAPeer("replication calls are taken only from the cluster's servers (peer secret)")
+            await abort_with(context, refused)
 
     def _replica(self, queue: str, shard: int) -> ShardReplica | None:
         return self.replicas.get(queue, shard)
 
     async def Append(self, request: replication_pb2.AppendRequest, context: Context) -> replication_pb2.AppendResponse:
-        if not await self._from_a_peer(context):
-            return replication_pb2.AppendResponse()  # not reached: abort raises
+        await self._only_from_peers(context)
         replica = self._replica(request.queue, request.shard)
         if replica is None:
             return replication_pb2.AppendResponse(
@@ -54,8 +52,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
     async def Snapshot(
         self, request: replication_pb2.SnapshotRequest, context: Context
     ) -> AsyncIterator[replication_pb2.SnapshotChunk]:
-        if not await self._from_a_peer(context):
-            return
+        await self._only_from_peers(context)
         replica = self._replica(request.queue, request.shard)
         if replica is None or request.requester_id not in replica.replicas:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "not a replica of that shard")
@@ -66,8 +63,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
     async def GetReplicaStatus(
         self, request: replication_pb2.GetReplicaStatusRequest, context: Context
     ) -> replication_pb2.ReplicaStatusList:
-        if not await self._from_a_peer(context):
-            return replication_pb2.ReplicaStatusList()  # not reached: abort raises
+        await self._only_from_peers(context)
         replicas = [replica.status() for replica in self.replicas.all()]
         return replication_pb2.ReplicaStatusList(
             server_id=self.server_id, address=self.address, pid=os.getpid(), replicas=replicas
