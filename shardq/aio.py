@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import functools
 import itertools
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -21,6 +22,7 @@ import grpc
 
 from shardq.ack_streams import MAX_ACK_BATCH, MAX_ACKS_IN_FLIGHT, AcknowledgementStreams
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
+from shardq.bearer_tokens import bearer_token, with_token
 from shardq.channel_options import RESOLVE_AGAIN_WITHIN_HALF_A_SECOND
 from shardq.coalescing import Coalescer, Companions, Item, Result, WokenTogether
 from shardq.consumer_streams import ConsumerStream
@@ -249,6 +251,12 @@ class AsyncClient:
     leader; otherwise, and for `send()` and `consume()`, the endpoint forwards
     as needed. Sends and deletes travel on streams kept open per leader
     (shardq.send_streams, shardq.ack_streams), answered as unary calls would be.
+
+    For servers that authenticate their clients, `token` or `token_file` (a projected
+    ServiceAccount token, read again as the kubelet rewrites it) is sent with every
+    call; without either, the file SHARDQ_TOKEN_FILE names, if set (shardq.bearer_tokens).
+    `metadata` goes with every call too: the operator's own calls carry the cluster's peer
+    secret in it, which servers take in place of a token.
     """
 
     def __init__(
@@ -257,10 +265,15 @@ class AsyncClient:
         *,
         channel: grpc.aio.Channel | None = None,
         route_directly: bool = True,
+        token: str | None = None,
+        token_file: str | os.PathLike[str] | None = None,
+        metadata: Sequence[tuple[str, str]] = (),
     ) -> None:
         self.endpoint = endpoint
+        self._token = bearer_token(token, token_file)
+        self._metadata = tuple(metadata)
         self._channel = channel or grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
-        self._stub = queue_pb2_grpc.QueueServiceStub(self._channel)
+        self._stub = with_token(queue_pb2_grpc.QueueServiceStub(self._channel), self._token, self._metadata)
         # Every send's batches go out on these streams (shardq.send_streams).
         self._send_streams = SendStreams(self._open_send_stream)
         self._batchers: dict[str, Coalescer[Message, SendResult]] = {}
@@ -382,7 +395,8 @@ class AsyncClient:
         if stub is None:
             channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
             self._leader_channels[address] = channel
-            stub = self._leader_stubs[address] = queue_pb2_grpc.QueueServiceStub(channel)
+            stub = queue_pb2_grpc.QueueServiceStub(channel)
+            stub = self._leader_stubs[address] = with_token(stub, self._token, self._metadata)
         return stub
 
     def _forget_routes(self, queue: str) -> None:

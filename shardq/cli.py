@@ -16,6 +16,7 @@ import importlib.metadata
 import io
 import json
 import math
+import os
 import pathlib
 import re
 import sys
@@ -25,6 +26,7 @@ from typing import Any, BinaryIO, ParamSpec, TypeVar
 import click
 
 from shardq.aio import DEFAULT_ENDPOINT
+from shardq.bearer_tokens import TOKEN_FILE_ENV
 from shardq.client import Client
 from shardq.durations import format_duration_ms, parse_duration_ms
 from shardq.errors import InvalidArgument, Reason, ShardqError
@@ -122,10 +124,26 @@ def fail_cleanly(command: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+def _use_token_file(context: click.Context, parameter: click.Parameter, value: str | None) -> None:
+    # Every client this process makes reads the file SHARDQ_TOKEN_FILE names
+    # (shardq.bearer_tokens): the option names it for them.
+    if value:
+        os.environ[TOKEN_FILE_ENV] = value
+
+
 def endpoint_option(command: Callable[P, R]) -> Callable[P, R]:
+    """--endpoint, and --token-file for servers that authenticate their clients."""
+    with_token = click.option(
+        "--token-file",
+        default=None,
+        envvar=TOKEN_FILE_ENV,
+        expose_value=False,
+        callback=_use_token_file,
+        help="a ServiceAccount token for servers started with --client-auth kubernetes (re-read as it is rewritten)",
+    )(command)
     return click.option(
         "--endpoint", default=DEFAULT_ENDPOINT, show_default=True, envvar="SHARDQ_ENDPOINT", help="host:port"
-    )(command)
+    )(with_token)
 
 
 def body_to_json(body: bytes) -> dict[str, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import signal
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -23,9 +24,19 @@ T = TypeVar("T")
 
 
 class Client:
-    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, route_directly: bool = True) -> None:
+    def __init__(
+        self,
+        endpoint: str = DEFAULT_ENDPOINT,
+        *,
+        route_directly: bool = True,
+        token: str | None = None,
+        token_file: str | os.PathLike[str] | None = None,
+        metadata: Sequence[tuple[str, str]] = (),
+    ) -> None:
         """`route_directly=False` for a client outside the cluster's network (it cannot
-        reach the leaders' addresses): the endpoint forwards every call."""
+        reach the leaders' addresses): the endpoint forwards every call. `token`,
+        `token_file`, `metadata`: for servers that authenticate their clients (AsyncClient
+        says how)."""
         self.endpoint = endpoint
         # uvloop when installed (SHARDQ_EVENT_LOOP=asyncio for the standard loop): a call
         # costs about a third less client CPU and latency on it. A closed Client's loop
@@ -33,11 +44,19 @@ class Client:
         self._loop_thread = client_loops.take()
         self._loop = self._loop_thread.loop
         self._closed = False
-        self._async = self._run(self._create(endpoint, route_directly))
+        self._async = self._run(self._create(endpoint, route_directly, token, token_file, tuple(metadata)))
 
     @staticmethod
-    async def _create(endpoint: str, route_directly: bool) -> AsyncClient:
-        return AsyncClient(endpoint, route_directly=route_directly)
+    async def _create(
+        endpoint: str,
+        route_directly: bool,
+        token: str | None,
+        token_file: str | os.PathLike[str] | None,
+        metadata: tuple[tuple[str, str], ...],
+    ) -> AsyncClient:
+        return AsyncClient(
+            endpoint, route_directly=route_directly, token=token, token_file=token_file, metadata=metadata
+        )
 
     def _run(self, awaitable: Awaitable[T]) -> T:
         if self._closed:

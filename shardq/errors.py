@@ -34,6 +34,11 @@ class Reason(enum.StrEnum):
     # A call only the cluster's servers may make (replication, a call marked as forwarded)
     # came without the cluster's peer secret.
     NOT_A_PEER = "NOT_A_PEER"
+    # A server that authenticates its clients (--client-auth kubernetes) got a call with
+    # no token, or one the cluster does not accept (expired, for another audience).
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    # The caller is known, and its rights do not include this verb on this queue.
+    PERMISSION_DENIED = "PERMISSION_DENIED"
 
 
 ERROR_DOMAIN = "shardq.io"
@@ -109,6 +114,17 @@ class QueueInUse(ShardqError):
 class NotAPeer(ShardqError):
     def __init__(self, message: str) -> None:
         super().__init__(Reason.NOT_A_PEER, message)
+
+
+class Unauthenticated(ShardqError):
+    def __init__(self, message: str) -> None:
+        super().__init__(Reason.UNAUTHENTICATED, message)
+
+
+class PermissionDenied(ShardqError):
+    def __init__(self, message: str, *, queue: str = "") -> None:
+        super().__init__(Reason.PERMISSION_DENIED, message, field="queue" if queue else "")
+        self.queue = queue
 
 
 class QueueManagedElsewhere(ShardqError):

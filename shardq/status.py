@@ -13,6 +13,7 @@ from shardq.errors import (
     InvalidArgument,
     NotLeader,
     OutcomeUnknown,
+    PermissionDenied,
     QueueExists,
     QueueFull,
     QueueInUse,
@@ -20,6 +21,7 @@ from shardq.errors import (
     QueueNotFound,
     Reason,
     ShardqError,
+    Unauthenticated,
     Unavailable,
 )
 from shardq.types import EntryResult
@@ -65,6 +67,10 @@ def build_error(
         error = QueueManagedElsewhere(message)
     elif known is Reason.OUTCOME_UNKNOWN:
         error = OutcomeUnknown(message)
+    elif known is Reason.UNAUTHENTICATED:
+        error = Unauthenticated(message)
+    elif known is Reason.PERMISSION_DENIED:
+        error = PermissionDenied(message, queue=queue)
     else:
         error = ShardqError(known, message, field=field, retry_after_ms=retry_after_ms, leader=leader)
     error.message = message

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import grpc
 
 from shardq.api.v1 import export_pb2, export_pb2_grpc
+from shardq.bearer_tokens import bearer_token, with_token
 from shardq.channel_options import RESOLVE_AGAIN_WITHIN_HALF_A_SECOND
 from shardq.errors import Reason, ShardqError, Unavailable
 from shardq.status import error_from_rpc
@@ -105,6 +106,9 @@ class ExportConnection:
         self._stubs: dict[str, export_pb2_grpc.ExportServiceStub] = {}
         self._endpoint = endpoint
         self._leaders: dict[tuple[str, int], str] = {}
+        # For servers that authenticate their clients: SHARDQ_TOKEN_FILE (set it on the
+        # executors too, e.g. spark.executorEnv.SHARDQ_TOKEN_FILE).
+        self._token = bearer_token()
 
     def _stub(self, queue: str, shard: int) -> export_pb2_grpc.ExportServiceStub:
         endpoint = self._leaders.get((queue, shard), self._endpoint)
@@ -117,7 +121,7 @@ class ExportConnection:
                     RESOLVE_AGAIN_WITHIN_HALF_A_SECOND,
                 ],
             )
-            stub = self._stubs[endpoint] = export_pb2_grpc.ExportServiceStub(channel)
+            stub = self._stubs[endpoint] = with_token(export_pb2_grpc.ExportServiceStub(channel), self._token)
         return stub
 
     def _follow(self, error: ShardqError, queue: str, shard: int) -> bool:
