@@ -11,6 +11,7 @@ import click
 import yaml
 
 from shard_server.logs import configure_logging
+from shard_server.runtime.client_access import OPEN_ACCESS, ClientAccess, ReviewedAccess
 from shard_server.runtime.idle_polling import check_window, cpus_to_spin_on
 from shard_server.server import ServerSettings, serve
 from shardq import event_loops
@@ -176,6 +177,21 @@ class ByteSize(click.ParamType[int]):
     "forwarded are taken only with it, and this server's calls to its peers carry it",
 )
 @click.option(
+    "--client-auth",
+    type=click.Choice(["none", "kubernetes"]),
+    default="none",
+    show_default=True,
+    help="kubernetes: every client call must carry a ServiceAccount token ('authorization: Bearer …'), reviewed "
+    "by the API server (TokenReview), and a right to its verb on the queue (SubjectAccessReview on shardq.io "
+    "queues: send, receive, get, list, admin, export); needs --peer-secret-file in a cluster",
+)
+@click.option(
+    "--token-audience",
+    default="shardq",
+    show_default=True,
+    help="with --client-auth kubernetes: the audience clients' tokens must be issued for",
+)
+@click.option(
     "--idle-poll-cpus",
     type=click.IntRange(min=1),
     default=None,
@@ -206,6 +222,8 @@ def serve_command(
     idle_poll: str,
     idle_poll_cpus: int | None,
     peer_secret_file: pathlib.Path | None,
+    client_auth: str,
+    token_audience: str,
 ) -> None:
     """Run a shard server hosting the given queues (or its replicas of a cluster's queues)."""
     cluster = None
@@ -236,8 +254,23 @@ def serve_command(
         raise click.ClickException(str(error)) from None
     if cluster is not None and (not server_id or lease_store is None):
         raise click.UsageError("--cluster-file needs --server-id and --lease-store")
-    if lease_store != KUBERNETES and (kubeconfig is not None or namespace is not None or cluster_configmap):
-        raise click.UsageError("--kubeconfig, --namespace and --cluster-configmap go with --lease-store kubernetes")
+    uses_kubernetes = KUBERNETES in (lease_store, client_auth)
+    if not uses_kubernetes and (kubeconfig is not None or namespace is not None):
+        raise click.UsageError(
+            "--kubeconfig and --namespace go with --lease-store kubernetes or --client-auth kubernetes"
+        )
+    if lease_store != KUBERNETES and cluster_configmap:
+        raise click.UsageError("--cluster-configmap goes with --lease-store kubernetes")
+    if client_auth != KUBERNETES and token_audience != "shardq":
+        raise click.UsageError("--token-audience goes with --client-auth kubernetes")
+    access: ClientAccess = OPEN_ACCESS
+    if client_auth == KUBERNETES:
+        if not token_audience.strip() or any(c.isspace() for c in token_audience):
+            raise click.UsageError("--token-audience: give one audience, without spaces")
+        try:
+            access = kubernetes_access(kubeconfig=kubeconfig, namespace=namespace, audience=token_audience)
+        except (OSError, ValueError) as error:
+            raise click.ClickException(f"--client-auth kubernetes: cannot reach the API server: {error}") from None
     source = None
     if cluster_configmap is not None:
         if cluster_file is not None:
@@ -279,6 +312,7 @@ def serve_command(
             idle_poll_ms=idle_poll_ms,
             idle_poll_cpus=idle_poll_cpus,
             peer_credential=credential,
+            client_access=access,
         )
         try:
             event_loops.run(serve(settings), choice=loop)
@@ -305,6 +339,14 @@ def config_map_source(name: str, *, kubeconfig: pathlib.Path | None, namespace: 
     from shardq.coordination.kubernetes_maps import ConfigMapSource
 
     return ConfigMapSource(connect(kubeconfig=kubeconfig), namespace=pod_namespace(namespace), name=name)
+
+
+def kubernetes_access(*, kubeconfig: pathlib.Path | None, namespace: str | None, audience: str) -> ClientAccess:
+    # Imported here: only Kubernetes mode needs the client.
+    from shard_server.runtime.kubernetes_reviews import connect_reviews
+
+    reviews = connect_reviews(kubeconfig=kubeconfig, namespace=pod_namespace(namespace), audience=audience)
+    return ReviewedAccess(reviews)
 
 
 @contextlib.contextmanager

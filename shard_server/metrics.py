@@ -154,6 +154,15 @@ LEASE_LAPSES = Counter(
     _LABELS,
     registry=REGISTRY,
 )
+CLIENT_REVIEWS = Counter(
+    "shardq_client_reviews",
+    "Questions this server asked the API server about its clients (--client-auth kubernetes):"
+    " review is token (TokenReview) or access (SubjectAccessReview); outcome is accepted,"
+    " refused, or unanswered (the API server could not say, and the call was refused"
+    " UNAVAILABLE). Answers are remembered, so this grows with new clients, not calls.",
+    ("review", "outcome"),
+    registry=REGISTRY,
+)
 BUILD = Info("shardq_build", "The shardq and Python versions this server runs.", registry=REGISTRY)
 
 

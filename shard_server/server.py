@@ -18,6 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from shard_server import metrics
+from shard_server.runtime.client_access import OPEN_ACCESS, ClientAccess
 from shard_server.runtime.committing import CallsInProgress, wall_clock_ms
 from shard_server.runtime.forwarding import Router
 from shard_server.runtime.idle_polling import IdlePolling, cpus_to_spin_on
@@ -90,6 +91,9 @@ class ServerSettings:
     # What the cluster's servers present to each other (shardq.coordination.peer_credentials);
     # without a secret every caller is taken for a peer.
     peer_credential: PeerCredential = NO_PEER_SECRET
+    # Who may call: every client (OPEN_ACCESS), or those the cluster authenticates and
+    # authorises per queue and verb (runtime.client_access, --client-auth kubernetes).
+    client_access: ClientAccess = OPEN_ACCESS
 
 
 def _can_bind(settings: ServerSettings) -> bool:
@@ -126,6 +130,10 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         router = Router(settings.cluster, leases, server_id=settings.server_id, credential=settings.peer_credential)
         router.refresh()
         peers = PeerChannels(settings.cluster, credential=settings.peer_credential)
+        if settings.peer_credential.secret is None and settings.client_access.enforced:
+            # Servers forward clients' calls to leaders, which take them as a peer's: without
+            # a secret, any client could mark its call forwarded and pass unauthenticated.
+            raise SystemExit("shardq: --client-auth in a cluster needs --peer-secret-file")
         if settings.peer_credential.secret is None:
             log.warning("no peer secret (--peer-secret-file): any caller is taken for one of the cluster's servers")
         replicas = Replicas(server_id=settings.server_id, leases=leases, peers=peers)
@@ -165,9 +173,11 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         ],
     )
     admin = QueueAdmin(host, catalog=catalog, static=static, managed_by=managed_by)
-    queue_servicer = QueueServicer(host, admin, credential=settings.peer_credential)
+    access = settings.client_access
+    queue_servicer = QueueServicer(host, admin, credential=settings.peer_credential, access=access)
     queue_pb2_grpc.add_QueueServiceServicer_to_server(queue_servicer, server)
-    export_pb2_grpc.add_ExportServiceServicer_to_server(ExportServicer(host), server)
+    export_servicer = ExportServicer(host, credential=settings.peer_credential, access=access)
+    export_pb2_grpc.add_ExportServiceServicer_to_server(export_servicer, server)
     service_names = [
         queue_pb2.DESCRIPTOR.services_by_name["QueueService"].full_name,
         export_pb2.DESCRIPTOR.services_by_name["ExportService"].full_name,

@@ -35,6 +35,8 @@ STATUS_BY_REASON: dict[Reason, grpc.StatusCode] = {
     # (DeleteQueue), for "may have been applied", as a forwarding server relays a cut call.
     Reason.CLUSTER_MAP_LOCKED: grpc.StatusCode.ABORTED,
     Reason.NOT_A_PEER: grpc.StatusCode.UNAUTHENTICATED,
+    Reason.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    Reason.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 

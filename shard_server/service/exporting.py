@@ -17,13 +17,17 @@ from typing import Any, TypeAlias
 
 import grpc
 
+from shard_server.domain.client_access import Verb
 from shard_server.domain.events import ChangeKind, DeliveryChanged, LogEntry, Purged, RemovalKind, Removed, Sent
 from shard_server.domain.messages import Delivery, DeliveryState, MessageRecord, format_message_id
+from shard_server.runtime.client_access import OPEN_ACCESS, ClientAccess
 from shard_server.runtime.committing import wall_clock_ms
 from shard_server.runtime.hosted_shards import HostedShard
 from shard_server.runtime.queue_hosts import QueueHost
+from shard_server.service.callers import admit
 from shard_server.service.errors import abort_with
 from shardq.api.v1 import export_pb2, export_pb2_grpc
+from shardq.coordination.peer_credentials import NO_PEER_SECRET, PeerCredential
 from shardq.errors import InvalidArgument, ShardqError, Unavailable
 
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
@@ -148,8 +152,16 @@ def _batch_size(requested: int) -> int:
 
 
 class ExportServicer(export_pb2_grpc.ExportServiceServicer):
-    def __init__(self, host: QueueHost) -> None:
+    def __init__(
+        self, host: QueueHost, *, credential: PeerCredential = NO_PEER_SECRET, access: ClientAccess = OPEN_ACCESS
+    ) -> None:
         self.host = host
+        self.credential = credential
+        self.access = access
+
+    async def _admit(self, context: Context, queue: str) -> None:
+        if self.access.enforced:
+            await admit(self.access, self.credential, context.invocation_metadata(), (Verb.EXPORT,), queue)
 
     def _queue_and_shard(self, queue_name: str, shard: int) -> HostedShard:
         """The shard to read, led here: in a cluster a server holds only some shards (by
@@ -167,6 +179,7 @@ class ExportServicer(export_pb2_grpc.ExportServiceServicer):
         self, request: export_pb2.ExportMessagesRequest, context: Context
     ) -> AsyncIterator[export_pb2.ExportedMessageBatch]:
         try:
+            await self._admit(context, request.queue)
             shard = self._queue_and_shard(request.queue, request.shard)
             size = _batch_size(request.batch_size)
         except ShardqError as error:
@@ -225,6 +238,7 @@ class ExportServicer(export_pb2_grpc.ExportServiceServicer):
         self, request: export_pb2.ReadJournalRequest, context: Context
     ) -> AsyncIterator[export_pb2.JournalBatch]:
         try:
+            await self._admit(context, request.queue)
             shard = self._queue_and_shard(request.queue, request.shard)
             size = _batch_size(request.batch_size)
         except ShardqError as error:
@@ -266,6 +280,7 @@ class ExportServicer(export_pb2_grpc.ExportServiceServicer):
         self, request: export_pb2.GetJournalBoundsRequest, context: Context
     ) -> export_pb2.JournalBounds:
         try:
+            await self._admit(context, request.queue)
             shards = self.host.get(request.queue).config.shards
             hosted = self._queue_and_shard(request.queue, request.shard)
             await hosted.committer.until_committed()  # the bounds take in every answered write

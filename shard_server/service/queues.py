@@ -12,6 +12,7 @@ from typing import Any, TypeAlias, TypeVar
 import grpc
 
 from shard_server import metrics
+from shard_server.domain.client_access import DESCRIBE_VERBS, Verb
 from shard_server.domain.validation import (
     resolve_visibility_timeout,
     validate_batch_size,
@@ -21,11 +22,13 @@ from shard_server.domain.validation import (
     validate_shares,
 )
 from shard_server.runtime import background
+from shard_server.runtime.client_access import OPEN_ACCESS, ClientAccess
 from shard_server.runtime.committing import wall_clock_ms
 from shard_server.runtime.forwarding import FORWARDED_HEADER
 from shard_server.runtime.hosting import HostedQueue
 from shard_server.runtime.queue_admin import QueueAdmin
 from shard_server.runtime.queue_hosts import QueueHost
+from shard_server.service.callers import admit
 from shard_server.service.converting import (
     config_to_proto,
     entry_results_to_proto,
@@ -128,16 +131,28 @@ def unary(
     return decorate
 
 
+SEND: tuple[Verb, ...] = (Verb.SEND,)
+RECEIVE: tuple[Verb, ...] = (Verb.RECEIVE,)
+ADMIN: tuple[Verb, ...] = (Verb.ADMIN,)
+
 # The streams' names in shardq_stream_requests_total, as RPCs are named in shardq_requests_total.
 SEND_STREAM = "QueueService/SendStream"
 CONSUME_STREAM = "QueueService/ConsumeStream"
 
 
 class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
-    def __init__(self, host: QueueHost, admin: QueueAdmin, *, credential: PeerCredential = NO_PEER_SECRET) -> None:
+    def __init__(
+        self,
+        host: QueueHost,
+        admin: QueueAdmin,
+        *,
+        credential: PeerCredential = NO_PEER_SECRET,
+        access: ClientAccess = OPEN_ACCESS,
+    ) -> None:
         self.host = host
         self.admin = admin
         self.credential = credential
+        self.access = access
         # Exported at 0 from the start: a counter series that first appears already counting
         # shows rate() no increase, and a server's stream requests come in its first seconds.
         for stream in (SEND_STREAM, CONSUME_STREAM):
@@ -156,6 +171,12 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         if not self.credential.admits(metadata):
             raise NotAPeer(f"a call marked {FORWARDED_HEADER!r} is taken only from the cluster's servers (peer secret)")
         return True
+
+    async def _authorized(self, context: Context, verbs: tuple[Verb, ...], queue: str) -> None:
+        """Raises unless the caller may do one of `verbs` to `queue` (callers.admit);
+        called only when the server authenticates its clients, before the queue is looked
+        up, so that a caller without rights learns nothing of it."""
+        await admit(self.access, self.credential, context.invocation_metadata(), verbs, queue)
 
     def end_request_streams(self) -> None:
         """The server is shutting down: end every producer stream, and every consume
@@ -181,12 +202,16 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
     async def SendMessages(
         self, request: queue_pb2.SendMessagesRequest, context: Context
     ) -> queue_pb2.SendMessagesResponse:
+        if self.access.enforced:
+            await self._authorized(context, SEND, request.queue)
         return await self._send(request, forwarded=self._forwarded(context))
 
     @unary("ReceiveMessages")
     async def ReceiveMessages(
         self, request: queue_pb2.ReceiveMessagesRequest, context: Context
     ) -> queue_pb2.ReceiveMessagesResponse:
+        if self.access.enforced:
+            await self._authorized(context, RECEIVE, request.queue)
         queue = self.host.get(request.queue)
         if request.shares:
             return await self._receive_shares(queue, request, context)
@@ -238,6 +263,8 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
     async def DeleteMessages(
         self, request: queue_pb2.DeleteMessagesRequest, context: Context
     ) -> queue_pb2.DeleteMessagesResponse:
+        if self.access.enforced:
+            await self._authorized(context, RECEIVE, request.queue)
         queue = self.host.get(request.queue)
         validate_receipts("receipts", request.receipts)
         outcomes = await queue.delete(list(request.receipts), forwarded=self._forwarded(context))
@@ -247,6 +274,8 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
     async def ChangeVisibility(
         self, request: queue_pb2.ChangeVisibilityRequest, context: Context
     ) -> queue_pb2.ChangeVisibilityResponse:
+        if self.access.enforced:
+            await self._authorized(context, RECEIVE, request.queue)
         queue = self.host.get(request.queue)
         validate_batch_size("changes", len(request.changes), MAX_RECEIVE_BATCH)
         changes = [
@@ -265,6 +294,8 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
     async def ReleaseMessages(
         self, request: queue_pb2.ReleaseMessagesRequest, context: Context
     ) -> queue_pb2.ReleaseMessagesResponse:
+        if self.access.enforced:
+            await self._authorized(context, RECEIVE, request.queue)
         queue = self.host.get(request.queue)
         validate_receipts("receipts", request.receipts)
         validate_release_reason("reason", request.reason)
@@ -274,6 +305,8 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
 
     @unary("PurgeQueue")
     async def PurgeQueue(self, request: queue_pb2.PurgeQueueRequest, context: Context) -> queue_pb2.PurgeQueueResponse:
+        if self.access.enforced:
+            await self._authorized(context, ADMIN, request.queue)
         queue = self.host.get(request.queue)
         return queue_pb2.PurgeQueueResponse(purged=await queue.purge(forwarded=self._forwarded(context)))
 
@@ -281,6 +314,8 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
     async def GetQueueAttributes(
         self, request: queue_pb2.GetQueueAttributesRequest, context: Context
     ) -> queue_pb2.QueueAttributes:
+        if self.access.enforced:
+            await self._authorized(context, (Verb.GET,), request.queue)
         return await self._attributes(self.host.get(request.queue), forwarded=self._forwarded(context))
 
     async def _attributes(self, queue: HostedQueue, *, forwarded: bool) -> queue_pb2.QueueAttributes:
@@ -342,6 +377,8 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
     async def DescribeQueue(
         self, request: queue_pb2.DescribeQueueRequest, context: Context
     ) -> queue_pb2.QueueDescription:
+        if self.access.enforced:
+            await self._authorized(context, DESCRIBE_VERBS, request.queue)
         queue = self.host.get(request.queue)
         return queue_pb2.QueueDescription(
             config=config_to_proto(queue.config),
@@ -362,6 +399,8 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
 
     @unary("CreateQueue")
     async def CreateQueue(self, request: queue_pb2.CreateQueueRequest, context: Context) -> queue_pb2.QueueDescription:
+        if self.access.enforced:
+            await self._authorized(context, ADMIN, request.queue)
         queue, _ = await self.admin.create(request.queue, dict(request.settings))
         return self._description(queue)
 
@@ -369,6 +408,8 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
     async def DeleteQueue(
         self, request: queue_pb2.DeleteQueueRequest, context: Context
     ) -> queue_pb2.DeleteQueueResponse:
+        if self.access.enforced:
+            await self._authorized(context, ADMIN, request.queue)
         queue = self.host.get(request.queue)
         if queue.router is None:
             return queue_pb2.DeleteQueueResponse(messages_deleted=await self.admin.delete(request.queue))
@@ -381,16 +422,23 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
     async def SetQueueAttributes(
         self, request: queue_pb2.SetQueueAttributesRequest, context: Context
     ) -> queue_pb2.QueueDescription:
+        if self.access.enforced:
+            await self._authorized(context, ADMIN, request.queue)
         return self._description(await self.admin.set_attributes(request.queue, dict(request.settings)))
 
     @unary("ListQueues")
     async def ListQueues(self, request: queue_pb2.ListQueuesRequest, context: Context) -> queue_pb2.ListQueuesResponse:
+        if self.access.enforced:
+            await self._authorized(context, (Verb.LIST,), "")
         return queue_pb2.ListQueuesResponse(queues=sorted(self.host.queues))
 
     async def Redrive(
         self, request: queue_pb2.RedriveRequest, context: Context
     ) -> AsyncIterator[queue_pb2.RedriveProgress]:
         try:
+            if self.access.enforced:
+                await self._authorized(context, ADMIN, request.source)
+                await self._authorized(context, ADMIN, request.destination)
             async for progress in background.redrive(
                 self.host,
                 source=request.source,
@@ -411,10 +459,14 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         answers: asyncio.Queue[queue_pb2.SendStreamResponse | ShardqError | None] = asyncio.Queue()
         unwritten = Unwritten(SEND_STREAM_IN_FLIGHT)
         pending: set[asyncio.Task[None]] = set()
+        metadata = context.invocation_metadata()
 
         async def answer(request: queue_pb2.SendStreamRequest) -> None:
             started = time.perf_counter()
             try:
+                # Per batch: one stream carries a client's sends to every queue.
+                if self.access.enforced:
+                    await admit(self.access, self.credential, metadata, SEND, request.batch.queue)
                 response = await self._send(request.batch)
                 answers.put_nowait(queue_pb2.SendStreamResponse(request_id=request.request_id, response=response))
                 sent.inc()
@@ -459,6 +511,8 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         try:
             if first.WhichOneof("kind") != "start":
                 raise InvalidArgument("start", "the first message of a consume stream must be start")
+            if self.access.enforced:
+                await self._authorized(context, RECEIVE, first.start.queue)
             queue = self.host.get(first.start.queue)
             visibility = resolve_visibility_timeout(
                 queue.config,
