@@ -24,6 +24,7 @@ EVERY_SWITCH = (
     "monitoring.prometheusRule.alerts.oldestMessage.perQueue.orders=300",
     "queues[0].name=audit",
     "queues[0].spec.fifo=true",
+    "cluster.clientAuthentication.mode=kubernetes",
 )
 
 

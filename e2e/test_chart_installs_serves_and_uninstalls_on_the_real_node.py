@@ -4,6 +4,10 @@ one holding the leader Lease, serving /metrics); the chart's ShardqCluster and e
 Queues become Ready; `helm test` sends and receives through its test Queue; and `helm
 uninstall` leaves only what the user chose to keep (the CRDs, and the servers' volumes
 with retainOnDelete): the operator's leader Lease and the kept `helm test` Pod go too.
+The cluster authenticates its clients (clientAuthentication kubernetes): `helm test`'s
+Pod shows a projected ServiceAccount token, a call without one is refused, the operator's
+own calls (a Queue's deletion asks every server) pass on the cluster's peer secret, and
+the servers' ClusterRoleBinding for token reviews goes with the cluster.
 Before that, Queues made by hand make `helm uninstall` refuse, deleting nothing and
 naming them, until they are deleted or the release is set to leave them unserved."""
 
@@ -22,6 +26,8 @@ from e2e.binaries import Binaries
 from e2e.helm import CHART, helm
 from e2e.polling import wait_for
 from e2e.realnode import RunningNode
+from shardq import Client
+from shardq.errors import Unauthenticated
 
 pytestmark = [pytest.mark.realnode, pytest.mark.timeout(600)]
 
@@ -161,6 +167,7 @@ def test_the_chart_installs_serves_passes_helm_test_and_uninstalls_cleanly(
         "cluster.leaseDuration=3s",
         "cluster.storage.size=100Mi",
         "examples.enabled=true",
+        "cluster.clientAuthentication.mode=kubernetes",
         # Only this namespace: tests sharing the node run their own operators elsewhere.
         f"operator.watchNamespaces={{{namespace}}}",
     )
@@ -221,6 +228,15 @@ def test_the_chart_installs_serves_passes_helm_test_and_uninstalls_cleanly(
             assert tested.returncode == 0, tested.stdout + tested.stderr
             assert "PASS: sent, received and deleted message" in tested.stdout, tested.stdout
             print(f"chart on the real node: helm test took {time.monotonic() - tested_at:.1f}s")
+            # Without a token, even from where the pods are reachable, nothing is served.
+            server = core.read_namespaced_pod("default-shardq-0", namespace)
+            anonymous = Client(f"{server.status.pod_ip}:7600", route_directly=False)
+            with anonymous, pytest.raises(Unauthenticated):
+                anonymous.list_queues()
+            binding = f"shardq:{namespace}:default:auth-delegator"
+            assert client.RbacAuthorizationV1Api(api).read_cluster_role_binding(binding).subjects[0].name == (
+                "default-shardq"
+            )
             uninstall_at = time.monotonic()
             leave_others_made_by_hand(api, binaries, kube, namespace)
             removed = helm(binaries, "uninstall", RELEASE, *kube, "--wait", "--timeout", "4m", timeout=300)
@@ -244,6 +260,9 @@ def test_the_chart_installs_serves_passes_helm_test_and_uninstalls_cleanly(
                 what=f"only the servers' PVCs left in {namespace}",
             )
             assert release_cluster_objects(api) == []
+            # Not the release's, so helm does not delete it: the operator did, with the cluster.
+            bindings = client.RbacAuthorizationV1Api(api).list_cluster_role_binding().items
+            assert binding not in {b.metadata.name for b in bindings}
             crds = client.ApiextensionsV1Api(api).list_custom_resource_definition().items
             assert {f"{plural}.shardq.io" for plural in ("shardqclusters", "queues", "shards")} <= {
                 crd.metadata.name for crd in crds

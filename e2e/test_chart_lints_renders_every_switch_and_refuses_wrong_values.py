@@ -34,6 +34,9 @@ DEFAULTS = {
     ("ClusterRole", "shardq-operator-crds"),
     ("ClusterRoleBinding", "shardq-operator"),
     ("ClusterRoleBinding", "shardq-operator-crds"),
+    # To bind the servers of clusters that authenticate clients to system:auth-delegator.
+    ("ClusterRole", "shardq-operator-client-auth"),
+    ("ClusterRoleBinding", "shardq-operator-client-auth"),
     ("Deployment", "shardq-operator"),
     ("PodDisruptionBudget", "shardq-operator"),
     # The key the operator derives every cluster's peer secret from.
@@ -110,6 +113,11 @@ def test_a_peer_key_of_the_users_replaces_the_one_the_chart_makes(binaries: Bina
         ("monitoring.prometheusRule.enabled=true", {("PrometheusRule", "shardq")}),
         ("monitoring.dashboard.enabled=true", {("ConfigMap", "shardq-dashboard")}),
         ("queues[0].name=audit", {("Queue", "audit")}),
+        # The `helm test` Pod's identity, for a cluster that authenticates its clients.
+        (
+            "cluster.clientAuthentication.mode=kubernetes",
+            {("ServiceAccount", "shardq-test"), ("Role", "shardq-test"), ("RoleBinding", "shardq-test")},
+        ),
     ],
 )
 def test_each_switch_adds_exactly_its_resources(binaries: Binaries, switch: str, added: set[tuple[str, str]]) -> None:
@@ -149,6 +157,7 @@ def test_every_switch_renders_a_cluster_queues_and_monitoring_from_values(binari
     assert cluster["spec"]["servers"] == 5
     assert cluster["spec"]["storage"] == {"size": "20Gi", "retainOnDelete": True}
     assert cluster["spec"]["image"] == "localhost/shardq:0.1.0"
+    assert cluster["spec"]["clientAuthentication"] == {"mode": "kubernetes", "audience": "shardq"}
     queues = {m["metadata"]["name"]: m["spec"] for m in manifests if m["kind"] == "Queue"}
     assert queues["orders"]["redrivePolicy"] == {"deadLetterQueue": "orders-dlq", "maxReceiveCount": 5}
     assert queues["audit"] == {"cluster": "default", "fifo": True}
@@ -159,6 +168,72 @@ def test_every_switch_renders_a_cluster_queues_and_monitoring_from_values(binari
     dashboard = only(manifests, "ConfigMap")
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(dashboard["data"]["shardq.json"])["uid"] == "shardq-overview"
+
+
+def test_the_operator_may_bind_only_the_auth_delegator_role_and_manage_bindings(binaries: Binaries) -> None:
+    """What the operator needs for clusters that authenticate their clients (it applies,
+    reads and deletes their servers' ClusterRoleBinding), bound cluster-wide whatever
+    namespaces it serves: the binding is cluster-scoped."""
+    for sets in ((), ("operator.watchNamespaces={shop}",)):
+        manifests = render(binaries, *sets, namespace=NAMESPACE)
+        named = {(m["kind"], m["metadata"]["name"]): m for m in manifests}
+        role = named[("ClusterRole", "shardq-operator-client-auth")]
+        assert role["rules"] == [
+            {
+                "apiGroups": ["rbac.authorization.k8s.io"],
+                "resources": ["clusterrolebindings"],
+                "verbs": ["get", "create", "patch", "delete"],
+            },
+            {
+                "apiGroups": ["rbac.authorization.k8s.io"],
+                "resources": ["clusterroles"],
+                "resourceNames": ["system:auth-delegator"],
+                "verbs": ["bind"],
+            },
+        ]
+        binding = named[("ClusterRoleBinding", "shardq-operator-client-auth")]
+        assert binding["roleRef"]["name"] == "shardq-operator-client-auth"
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "shardq-operator", "namespace": NAMESPACE}]
+    assert not [m for m in render(binaries, "rbac.create=false") if "client-auth" in m["metadata"]["name"]]
+
+
+def test_the_helm_test_pod_sends_with_a_token_for_the_clusters_audience_when_clients_are_authenticated(
+    binaries: Binaries,
+) -> None:
+    plain = only(render(binaries, "cluster.create=true"), "Pod")["spec"]
+    assert "volumes" not in plain
+    assert "serviceAccountName" not in plain
+    assert "SHARDQ_TOKEN_FILE" not in str(plain)
+
+    manifests = render(
+        binaries,
+        "cluster.create=true",
+        "cluster.clientAuthentication.mode=kubernetes",
+        "cluster.clientAuthentication.audience=shardq.example.com",
+        "tests.queue=smoke",
+        namespace=NAMESPACE,
+    )
+    cluster = only(manifests, "ShardqCluster")
+    assert cluster["spec"]["clientAuthentication"] == {"mode": "kubernetes", "audience": "shardq.example.com"}
+    pod = only(manifests, "Pod")["spec"]
+    assert pod["serviceAccountName"] == "shardq-test"
+    (container,) = pod["containers"]
+    (path,) = [env["value"] for env in container["env"] if env["name"] == "SHARDQ_TOKEN_FILE"]
+    (mount,) = [mount for mount in container["volumeMounts"] if path.startswith(mount["mountPath"] + "/")]
+    (volume,) = [volume for volume in pod["volumes"] if volume["name"] == mount["name"]]
+    (source,) = volume["projected"]["sources"]
+    assert source["serviceAccountToken"]["audience"] == "shardq.example.com"
+    assert path == f"{mount['mountPath']}/{source['serviceAccountToken']['path']}"
+    # Only the projected token: not the one for the API server.
+    assert pod["automountServiceAccountToken"] is False
+    (role,) = [m for m in manifests if m["kind"] == "Role" and m["metadata"]["name"] == "shardq-test"]
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [
+        {"apiGroups": ["shardq.io"], "resources": ["queues"], "resourceNames": ["smoke"], "verbs": ["send", "receive"]}
+    ]
+    (binding,) = [m for m in manifests if m["kind"] == "RoleBinding" and m["metadata"]["name"] == "shardq-test"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "shardq-test"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "shardq-test", "namespace": NAMESPACE}]
 
 
 def test_each_alert_can_be_turned_off_alone(binaries: Binaries) -> None:
@@ -213,6 +288,9 @@ def test_watching_named_namespaces_binds_the_rights_there_only(binaries: Binarie
         ("cluster.name=Not_A_Label", "/cluster/name"),
         ("cluster.storage.size=lots", "/cluster/storage/size"),
         ("cluster.rebalance.mode=sometimes", "/cluster/rebalance/mode"),
+        ("cluster.clientAuthentication.mode=tls", "/cluster/clientAuthentication/mode"),
+        ("cluster.clientAuthentication.audience=", "/cluster/clientAuthentication/audience"),
+        ("cluster.clientAuthentication.audience=two words", "/cluster/clientAuthentication/audience"),
         ("monitoring.podMonitor.enable=true", "'enable' not allowed"),
         (
             "monitoring.prometheusRule.alerts.queueFull.severity=page",

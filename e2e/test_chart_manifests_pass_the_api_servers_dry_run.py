@@ -214,6 +214,12 @@ def test_every_rendered_manifest_passes_a_strict_server_side_dry_run(
     wait_for_default_account(api_client, namespace)
     for sets in ((), EVERY_SWITCH, ("operator.watchNamespaces={" + namespace + "}",)):
         manifests = render(binaries, *sets, namespace=namespace)
+        # A Pod is admitted only once its ServiceAccount exists, and a dry run stores
+        # nothing: they are made first, as `helm install` makes them before `helm test`
+        # runs its Pod (that of a cluster authenticating clients has one of its own).
+        accounts = [m for m in manifests if m["kind"] == "ServiceAccount"]
+        made = kubectl(binaries, kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump_all(accounts))
+        assert made.returncode == 0, made.stderr
         done = dry_run(binaries, kubeconfig, manifests)
         assert done.returncode == 0, f"{sets}:\n{done.stderr}"
         accepted = done.stdout.split()
@@ -262,8 +268,10 @@ def test_the_operator_role_covers_what_it_writes_and_reads_and_no_more(
     """The ClusterRole as installed (a real ClusterRoleBinding to the chart's
     ServiceAccount): every object the operator's builders make is applied as the operator
     applies it (server-side apply, its field manager, in order: the RoleBinding needs its
-    Role) and accepted, escalation checks included; the reads and writes of kube.py and
-    kopf are allowed; nothing else is."""
+    Role) and accepted, escalation checks included: the servers' ClusterRoleBinding to
+    system:auth-delegator too, which the operator may bind without holding its rights,
+    and then read and delete as it does; no other ClusterRole may it bind; the reads and
+    writes of kube.py and kopf are allowed; nothing else is."""
     release = f"rbac-{uuid.uuid4().hex[:6]}"
     rights = [
         m
@@ -295,7 +303,9 @@ def test_the_operator_role_covers_what_it_writes_and_reads_and_no_more(
             builders.disruption_budget(owner),
             builders.stateful_set(owner, servers=3),
             builders.shard(queue, index=0, replicas=["main-shardq-0"]),
+            builders.auth_delegator_binding(owner),
         ]
+        delegation = builders.auth_delegator_binding(owner)["metadata"]["name"]
 
         def apply_as(who: str, manifest: dict[str, Any]) -> subprocess.CompletedProcess[str]:
             return kubectl(
@@ -311,6 +321,17 @@ def test_the_operator_role_covers_what_it_writes_and_reads_and_no_more(
         refused = apply_as(f"system:serviceaccount:{namespace}:default", builders.peers_service(owner))
         assert refused.returncode != 0
         assert "forbidden" in refused.stderr.lower()
+        # Only system:auth-delegator may be bound: the same binding to another role is refused.
+        to_admin = builders.auth_delegator_binding(owner)
+        to_admin["metadata"]["name"] += "-admin"
+        to_admin["roleRef"]["name"] = "cluster-admin"
+        escalating = apply_as(account, to_admin)
+        assert escalating.returncode != 0, "the operator bound cluster-admin"
+        assert "attempting to grant RBAC permissions not currently held" in escalating.stderr, escalating.stderr
+        # Read, then deleted, as kube.delete_cluster_role_binding does.
+        for verb in ("get", "delete"):
+            done = kubectl(binaries, kubeconfig, verb, "clusterrolebinding", delegation, f"--as={account}")
+            assert done.returncode == 0, f"{verb}: {done.stderr}"
 
         def can(verb: str, resource: str, *flags: str) -> bool:
             done = kubectl(binaries, kubeconfig, "auth", "can-i", verb, resource, f"--as={account}", *flags)
@@ -335,6 +356,12 @@ def test_the_operator_role_covers_what_it_writes_and_reads_and_no_more(
             # Each cluster's peer Secret, written by server-side apply and never read.
             ("create", "secrets", *here),
             ("patch", "secrets", *here),
+            # Servers that authenticate clients: their binding to system:auth-delegator.
+            ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
+            ("patch", "clusterrolebindings.rbac.authorization.k8s.io"),
+            ("get", "clusterrolebindings.rbac.authorization.k8s.io"),
+            ("delete", "clusterrolebindings.rbac.authorization.k8s.io"),
+            ("bind", "clusterroles.rbac.authorization.k8s.io/system:auth-delegator"),
         ]
         denied = [
             ("get", "secrets", *here),
@@ -349,6 +376,15 @@ def test_the_operator_role_covers_what_it_writes_and_reads_and_no_more(
             ("bind", "roles.rbac.authorization.k8s.io", *here),
             ("create", "clusterroles.rbac.authorization.k8s.io"),
             ("update", "customresourcedefinitions.apiextensions.k8s.io"),
+            ("bind", "clusterroles.rbac.authorization.k8s.io/cluster-admin"),
+            ("bind", "clusterroles.rbac.authorization.k8s.io/admin"),
+            ("escalate", "clusterroles.rbac.authorization.k8s.io"),
+            ("list", "clusterrolebindings.rbac.authorization.k8s.io"),
+            ("watch", "clusterrolebindings.rbac.authorization.k8s.io"),
+            ("update", "clusterrolebindings.rbac.authorization.k8s.io"),
+            # The operator makes no reviews itself: it binds the right, it does not hold it.
+            ("create", "tokenreviews.authentication.k8s.io"),
+            ("create", "subjectaccessreviews.authorization.k8s.io"),
         ]
         assert [check for check in allowed if not can(*check)] == []
         assert [check for check in denied if can(*check)] == []
@@ -356,6 +392,9 @@ def test_the_operator_role_covers_what_it_writes_and_reads_and_no_more(
         for manifest in rights:
             if manifest["kind"] != "ServiceAccount":
                 kubectl(binaries, kubeconfig, "delete", manifest["kind"].lower(), manifest["metadata"]["name"])
+        # Cluster-scoped: the namespace's deletion would leave them.
+        for name in (f"shardq:{namespace}:main:auth-delegator", f"shardq:{namespace}:main:auth-delegator-admin"):
+            kubectl(binaries, kubeconfig, "delete", "clusterrolebinding", name, "--ignore-not-found")
 
 
 def test_helm_install_refuses_a_wrong_value_naming_it_and_installs_nothing(

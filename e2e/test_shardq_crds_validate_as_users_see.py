@@ -3,11 +3,15 @@ message a person understands (each CEL rule), immutable fields kept, printer col
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from e2e.binaries import Binaries, require
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(180)]
 
@@ -43,6 +47,8 @@ def test_a_minimal_cluster_and_queue_get_their_defaults(
         "maxReplicaMovesInFlight": 4,
     }
     assert cluster["spec"]["leaseDuration"] == "10s"
+    # Clients are not authenticated unless asked for.
+    assert cluster["spec"]["clientAuthentication"] == {"mode": "none", "audience": "shardq"}
     queue = create(api_client, namespace, "queues", "Queue", "orders", {"visibilityTimeout": "45s"})
     assert queue["spec"] == {
         "cluster": "default",
@@ -89,12 +95,76 @@ def test_a_queue_name_must_be_a_dns_label(api_client: client.ApiClient, namespac
         ({"servers": 0}, "should be greater than or equal to 1"),
         ({"storage": {"size": "0"}}, "storage.size must be a positive quantity"),
         ({"rebalance": {"mode": "sometimes"}}, "Unsupported value"),
+        ({"clientAuthentication": {"mode": "tls"}}, "spec.clientAuthentication.mode: Unsupported value"),
+        ({"clientAuthentication": {"mode": "Kubernetes"}}, "spec.clientAuthentication.mode: Unsupported value"),
+        ({"clientAuthentication": {"audience": ""}}, "spec.clientAuthentication.audience"),
+        ({"clientAuthentication": {"audience": "a" * 254}}, "spec.clientAuthentication.audience"),
+        (
+            {"clientAuthentication": {"mode": "kubernetes", "audience": "two words"}},
+            "clientAuthentication.audience must be one word: no spaces",
+        ),
+        ({"clientAuthentication": {"audience": "tab\there"}}, "clientAuthentication.audience must be one word"),
+        ({"clientAuthentication": {"mode": "kubernetes", "audiences": ["x"]}}, "spec.clientAuthentication.audiences"),
     ],
 )
 def test_a_bad_cluster_is_refused_with_a_message_naming_the_problem(
     api_client: client.ApiClient, namespace: str, shardq_crds: list[str], spec: dict[str, Any], message: str
 ) -> None:
     assert message in refused(api_client, namespace, "shardqclusters", "ShardqCluster", "main", spec)
+
+
+def test_client_authentication_is_taken_and_its_audience_defaulted(
+    api_client: client.ApiClient, namespace: str, shardq_crds: list[str]
+) -> None:
+    cluster = create(
+        api_client,
+        namespace,
+        "shardqclusters",
+        "ShardqCluster",
+        "main",
+        {"clientAuthentication": {"mode": "kubernetes"}},
+    )
+    assert cluster["spec"]["clientAuthentication"] == {"mode": "kubernetes", "audience": "shardq"}
+    other = create(
+        api_client,
+        namespace,
+        "shardqclusters",
+        "ShardqCluster",
+        "other",
+        {"clientAuthentication": {"mode": "kubernetes", "audience": "https://shardq.example.com/" + "a" * 226}},
+    )
+    assert len(other["spec"]["clientAuthentication"]["audience"]) == 253
+    # The mode may change (the operator restarts the servers with it).
+    changed = client.CustomObjectsApi(api_client).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "shardqclusters", "main", {"spec": {"clientAuthentication": {"mode": "none"}}}
+    )
+    assert changed["spec"]["clientAuthentication"] == {"mode": "none", "audience": "shardq"}
+
+
+def test_kubectl_explain_says_what_client_authentication_does(
+    binaries: Binaries, kubeconfig: Path, shardq_crds: list[str]
+) -> None:
+    require(binaries.kubectl)
+    said = {}
+    for field in ("mode", "audience"):
+        done = subprocess.run(
+            [
+                str(binaries.kubectl),
+                f"--kubeconfig={kubeconfig}",
+                "explain",
+                f"shardqclusters.spec.clientAuthentication.{field}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        said[field] = " ".join(done.stdout.split())
+    assert "ServiceAccount token" in said["mode"]
+    assert "system:auth-delegator" in said["mode"]
+    assert "send, receive, get, list, admin, export" in said["mode"]
+    assert "projected serviceAccountToken" in said["audience"]
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,9 @@
 """Manifests of what a ShardqCluster and its Queues become (pure: dicts in, dicts out).
 
 Every builder takes the owner's metadata and returns a complete object carrying an
-owner reference, so deleting the owner lets the garbage collector remove it.
+owner reference, so deleting the owner lets the garbage collector remove it; all but
+the one cluster-scoped object (`auth_delegator_binding`), which the operator removes
+itself.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 from shardq.coordination.cluster_map import CLUSTER_MAP_KEY, ClusterMap, cluster_map_to_text
 from shardq.coordination.peer_credentials import NO_PEER_SECRET, PeerCredential
 from shardq_operator import naming
+from shardq_operator.client_authentication import client_authentication, server_args
 from shardq_operator.peer_secrets import secret_digest
 
 Manifest = dict[str, Any]
@@ -87,6 +90,28 @@ def role_binding(owner: Mapping[str, Any]) -> Manifest:
         "metadata": _metadata(name, owner, cluster),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner["metadata"]["namespace"]}],
+    }
+
+
+def auth_delegator_binding(owner: Mapping[str, Any]) -> Manifest:
+    """The servers' ServiceAccount bound to the built-in ClusterRole system:auth-delegator,
+    so that they may have their clients' tokens reviewed (TokenReview) and calls authorised
+    (SubjectAccessReview): for `spec.clientAuthentication.mode: kubernetes` only.
+
+    No owner reference: a cluster-scoped object cannot be owned by a namespaced one (the
+    garbage collector would never remove it). The operator deletes it itself, finding it
+    by name and checking it by its labels (kube.delete_cluster_role_binding)."""
+    cluster = owner["metadata"]["name"]
+    namespace = owner["metadata"]["namespace"]
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {
+            "name": naming.auth_delegator_binding(namespace, cluster),
+            "labels": naming.cluster_scoped_labels(namespace, cluster),
+        },
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": naming.AUTH_DELEGATOR},
+        "subjects": [{"kind": "ServiceAccount", "name": naming.account(cluster), "namespace": namespace}],
     }
 
 
@@ -195,6 +220,8 @@ def stateful_set(owner: Mapping[str, Any], *, servers: int, credential: PeerCred
             f"the Queue resources of namespace {namespace} (kubectl apply)",
             "--log-format",
             "text",
+            # Clients' rights are asked for on the Queues of `--namespace` (client_authentication.py).
+            *server_args(client_authentication(owner)),
         ],
         "env": [
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},

@@ -3,7 +3,9 @@
 Every ShardqCluster is reconciled once a second (a timer: failover decisions need a
 steady look at pods and leases), and at once when one of its Queues changes. Deletion
 is guarded: a Queue's finalizer waits until the servers have dropped its data, and a
-ShardqCluster with Queues on it is not deleted (an Event says why).
+ShardqCluster with Queues on it is not deleted (an Event says why). A ShardqCluster's
+finalizer also lets the operator delete what the cluster cannot own: its servers'
+ClusterRoleBinding (client authentication).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import kopf
 from shardq import Client, ShardqError
 from shardq.coordination.cluster_map import cluster_map_from_text
 from shardq_operator import naming
-from shardq_operator.kube import Kube
+from shardq_operator.kube import ApplyRefused, Kube
 from shardq_operator.leadership import OperatorLeadership
 from shardq_operator.observing import servers_to_ask
 from shardq_operator.reconciling import Reconciler, cluster_of
@@ -194,9 +196,11 @@ def _servers_holding(kube: Kube, namespace: str, cluster: str, owner: kopf.Body 
     # With the StatefulSet going (a namespace deleted whole), no server comes back to its
     # volume under this cluster: waiting for the silent ones would hold the deletion for good.
     holding = {} if silent and kube.server_set_goes(namespace, cluster) else dict(silent)
+    # The cluster's peer secret: servers that authenticate their clients take it for a token.
+    calls_carry = _reconciler().credential_of(owner).metadata
     for server, address in askable.items():
         try:
-            with Client(address, route_directly=False) as client:
+            with Client(address, route_directly=False, metadata=calls_carry) as client:
                 if queue in client.list_queues():
                     holding[server] = "it still hosts the queue"
         except ShardqError as error:
@@ -224,3 +228,8 @@ def cluster_deleted(namespace: str | None, name: str, body: kopf.Body, retry: in
             kube.event(body, reason="DeletionBlocked", message=message, warning=True)
         # Not every second: kopf logs each retry at error level and posts it as an Event.
         raise kopf.TemporaryError(message, delay=ERROR_BACKOFF_S)
+    try:
+        reconciler.release(body)
+    except ApplyRefused as refusal:
+        # Held until it is gone: left behind, it would bind a later cluster of this name's servers.
+        raise kopf.TemporaryError(f"{refusal}; the cluster goes once it is deleted", delay=ERROR_BACKOFF_S) from None

@@ -29,7 +29,7 @@ Manifest = dict[str, Any]
 
 
 class ApplyRefused(Exception):
-    """The API server refused an object the operator applies; the message says why."""
+    """The API server refused an object the operator applies (or deletes); the message says why."""
 
 
 def _api_message(error: ApiException) -> str:
@@ -66,13 +66,16 @@ class Kube:
     def _apply(self, manifest: Manifest) -> None:
         kind = manifest["kind"]
         name = manifest["metadata"]["name"]
-        namespace = manifest["metadata"]["namespace"]
         options: dict[str, Any] = {
             "field_manager": FIELD_MANAGER,
             "force": True,
             "_content_type": _APPLY,
             "_request_timeout": _TIMEOUT_S,
         }
+        if kind == "ClusterRoleBinding":  # the one cluster-scoped kind the operator writes
+            self.rbac.patch_cluster_role_binding(name, manifest, **options)
+            return
+        namespace = manifest["metadata"]["namespace"]
         if kind == "Shard":
             self.custom.patch_namespaced_custom_object(
                 naming.GROUP, naming.VERSION, namespace, "shards", name, manifest, **options
@@ -89,6 +92,30 @@ class Kube:
             "StatefulSet": self.apps.patch_namespaced_stateful_set,
         }
         writers[kind](name, namespace, manifest, **options)
+
+    def delete_cluster_role_binding(self, name: str, *, labels: Mapping[str, str]) -> bool:
+        """Delete the ClusterRoleBinding `name` if it carries `labels` (it is the operator's:
+        one of the same name made by someone else is left alone). False when there was
+        nothing of ours to delete, a binding already gone included. ApplyRefused when the
+        API server refuses the read or the delete (forbidden...), in its own words."""
+        try:
+            found = self.rbac.read_cluster_role_binding(name, _request_timeout=_TIMEOUT_S)
+            metadata = found.metadata
+            if metadata is None or any((metadata.labels or {}).get(key) != value for key, value in labels.items()):
+                return False
+            # The uid: a binding made anew since it was read is not deleted unread.
+            self.rbac.delete_cluster_role_binding(
+                name,
+                body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=metadata.uid)),
+                _request_timeout=_TIMEOUT_S,
+            )
+        except ApiException as error:
+            if error.status == _NOT_FOUND:
+                return False
+            if error.status is None or not 400 <= error.status < 500:
+                raise
+            raise ApplyRefused(f"ClusterRoleBinding {name} (deleting it): {_api_message(error)}") from None
+        return True
 
     def patch_status(self, plural: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         try:

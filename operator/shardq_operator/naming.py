@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 GROUP = "shardq.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -14,6 +16,13 @@ PEER_SECRET_KEY = "secret"
 MANAGED_BY = "shardq-operator"
 # A Queue that names no cluster is placed on this one (the chart can create it).
 DEFAULT_CLUSTER = "default"
+# The built-in ClusterRole allowing TokenReviews and SubjectAccessReviews: what servers
+# that authenticate their clients need (client_authentication.py).
+AUTH_DELEGATOR = "system:auth-delegator"
+# On the operator's cluster-scoped objects, which carry no namespace of their own.
+NAMESPACE_LABEL = "shardq.io/namespace"
+# The longest name most kinds take (a DNS subdomain's); kept to for RBAC objects too.
+MAX_NAME_CHARS = 253
 
 
 def server_set(cluster: str) -> str:
@@ -41,6 +50,18 @@ def account(cluster: str) -> str:
     return f"{cluster}-shardq"
 
 
+def auth_delegator_binding(namespace: str, cluster: str) -> str:
+    """The ClusterRoleBinding of a cluster's servers to system:auth-delegator. Cluster-scoped,
+    so the namespace is in its name; a ':' is in neither a namespace's name nor a
+    ShardqCluster's, so no two clusters share one. A name too long is cut and given a
+    digest of the whole (no whole name ends in one)."""
+    name = f"shardq:{namespace}:{cluster}:auth-delegator"
+    if len(name) <= MAX_NAME_CHARS:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    return f"{name[: MAX_NAME_CHARS - len(digest) - 1]}-{digest}"
+
+
 def server_ids(cluster: str, count: int) -> list[str]:
     return [f"{server_set(cluster)}-{ordinal}" for ordinal in range(count)]
 
@@ -64,6 +85,12 @@ def labels(cluster: str) -> dict[str, str]:
         "app.kubernetes.io/instance": cluster,
         "app.kubernetes.io/managed-by": MANAGED_BY,
     }
+
+
+def cluster_scoped_labels(namespace: str, cluster: str) -> dict[str, str]:
+    """`labels`, and the cluster's namespace: what finds a cluster's cluster-scoped objects
+    (`kubectl get clusterrolebindings -l shardq.io/namespace=NS,app.kubernetes.io/instance=NAME`)."""
+    return {**labels(cluster), NAMESPACE_LABEL: namespace}
 
 
 def selector(cluster: str) -> dict[str, str]:

@@ -37,6 +37,12 @@ from shardq.coordination.takeovers import (
 )
 from shardq.durations import parse_duration_ms
 from shardq_operator import builders, metrics, naming
+from shardq_operator.client_authentication import (
+    DelegationStep,
+    choose_delegation_step,
+    client_authentication,
+    servers_authenticating,
+)
 from shardq_operator.kube import ApplyRefused, Kube, Manifest
 from shardq_operator.mapping import DesiredMap, desired_map, servers_needed, with_servers
 from shardq_operator.observing import NotReady, observe_servers, pod_address, servers_not_ready
@@ -87,6 +93,18 @@ def condition(previous: list[Mapping[str, Any]], kind: str, status: bool, reason
         "message": message,
         "lastTransitionTime": since or _now_text(),
     }
+
+
+def _applied_key(manifest: Manifest) -> tuple[str, str, str]:
+    """Kind, namespace ("" for a cluster-scoped object) and name."""
+    metadata = manifest["metadata"]
+    return (manifest["kind"], metadata.get("namespace", ""), metadata["name"])
+
+
+def _version(resource: Mapping[str, Any]) -> tuple[str, int]:
+    """Which object, in which version of its spec: its uid and generation."""
+    metadata = resource.get("metadata", {})
+    return (str(metadata.get("uid", "")), int(metadata.get("generation", 0)))
 
 
 def is_deleting(resource: Mapping[str, Any]) -> bool:
@@ -182,14 +200,23 @@ class Reconciler:
         self._waiting_said: dict[tuple[str, str], dict[str, TakeoverReason]] = {}
         # Per cluster: the objects the API server last refused to apply, as announced.
         self._refused_said: dict[tuple[str, str], str] = {}
+        # Per cluster: the uid and generation it had when its ClusterRoleBinding to
+        # system:auth-delegator was last seen gone. Looked for again only once the spec
+        # changes: not a read a second per cluster that never authenticates clients, and
+        # still a look after another operator replica may have made one meanwhile.
+        self._delegation_gone: dict[tuple[str, str], tuple[str, int]] = {}
+        # Per cluster: when the API server last refused that look or deletion. Tried again
+        # only after REAPPLY_S: an operator not given the rights (rbac.create=false, rights
+        # not granted) would otherwise fail every pass of every cluster, which may not even
+        # authenticate clients, and its not-reconciling alert would fire.
+        self._delegation_refused_at: dict[tuple[str, str], float] = {}
 
     def _apply(self, manifest: Manifest) -> None:
         """Apply `manifest` when it differs from what this operator last applied, and every
         object again every REAPPLY_S (undoing hand edits and recreating deleted objects):
         a reconcile runs every second, and applying a dozen unchanged objects each time
         would be a steady stream of writes to the API server."""
-        metadata = manifest["metadata"]
-        key = (manifest["kind"], metadata["namespace"], metadata["name"])
+        key = _applied_key(manifest)
         text = json.dumps(manifest, sort_keys=True)
         applied = self._applied.get(key)
         if applied is not None and applied[0] == text and time.monotonic() - applied[1] < REAPPLY_S:
@@ -293,8 +320,11 @@ class Reconciler:
             # the Leases go when the cluster does.
             self.kube.own_lease(namespace, record.name, builders.lease_owner_reference(owner))
         self._carry_out_moves(owner, live, moves, cluster_map, held)
-        credential = cluster_peer_secret(
-            self.peer_key, namespace=namespace, cluster=name, uid=str(owner["metadata"].get("uid", ""))
+        credential = self.credential_of(owner)
+        delegation = choose_delegation_step(
+            client_authentication(owner),
+            cluster_deleting=is_deleting(owner),
+            authenticating=servers_authenticating(pods),
         )
         manifests = [
             # Before the servers: a pod whose Secret volume is missing does not start.
@@ -302,6 +332,8 @@ class Reconciler:
             builders.service_account(owner),
             builders.role(owner),
             builders.role_binding(owner),
+            # Before the servers: one authenticating clients without it would refuse them all.
+            *([builders.auth_delegator_binding(owner)] if delegation is DelegationStep.APPLY else []),
             builders.map_config(owner, cluster_map),
             builders.peers_service(owner),
             builders.client_service(owner),
@@ -316,6 +348,18 @@ class Reconciler:
         # and kopf's timer then waited a minute before the next pass, while shards whose
         # leader had died stayed unled.
         refused = [problem for manifest in manifests if (problem := self._try_apply(manifest))]
+        if delegation is DelegationStep.APPLY:
+            self._delegation_gone.pop((namespace, name), None)
+        elif (
+            delegation is DelegationStep.REMOVE
+            and self._delegation_gone.get((namespace, name)) != _version(owner)
+            and time.monotonic() - self._delegation_refused_at.get((namespace, name), -REAPPLY_S) >= REAPPLY_S
+        ):
+            try:
+                self._remove_auth_delegation(owner)
+            except ApplyRefused as refusal:
+                self._delegation_refused_at[(namespace, name)] = time.monotonic()
+                refused.append(str(refusal))
         self._say_refused(owner, refused)
         if current is None or current != cluster_map:
             log.info("cluster %s/%s: map now has queues %s", namespace, name, sorted(cluster_map.placement))
@@ -360,6 +404,35 @@ class Reconciler:
         troubles = servers_not_ready(servers, pods)
         self._write_statuses(owner, live, cluster_map, desired, moves, spec_servers, servers, troubles, held, now)
         return tick
+
+    def credential_of(self, owner: Mapping[str, Any]) -> PeerCredential:
+        """The cluster's peer secret (derived from the operator's key; peer_secrets): what
+        its servers present to each other, and what the operator's own calls to them
+        carry, taken in place of a client's token."""
+        metadata = owner["metadata"]
+        return cluster_peer_secret(
+            self.peer_key, namespace=metadata["namespace"], cluster=metadata["name"], uid=str(metadata.get("uid", ""))
+        )
+
+    def release(self, owner: Mapping[str, Any]) -> None:
+        """Remove what a ShardqCluster being deleted (`owner`) leaves behind that no owner
+        reference takes away: its servers' ClusterRoleBinding to system:auth-delegator.
+        Idempotent (none, or one already gone, is fine); ApplyRefused when the API server
+        refuses. Under the cluster's lock: a pass that began before the deletion, and so
+        may still apply the binding, ends first."""
+        with self._lock(owner["metadata"]["namespace"], owner["metadata"]["name"]):
+            self._remove_auth_delegation(owner)
+
+    def _remove_auth_delegation(self, owner: Mapping[str, Any]) -> None:
+        """Delete the cluster's ClusterRoleBinding to system:auth-delegator if it has one."""
+        namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
+        binding = naming.auth_delegator_binding(namespace, name)
+        if self.kube.delete_cluster_role_binding(binding, labels=naming.cluster_scoped_labels(namespace, name)):
+            log.info("cluster %s/%s: deleted ClusterRoleBinding %s", namespace, name, binding)
+        self._delegation_gone[(namespace, name)] = _version(owner)
+        self._delegation_refused_at.pop((namespace, name), None)
+        # Applied anew at once if the cluster authenticates its clients again.
+        self._applied.pop(("ClusterRoleBinding", "", binding), None)
 
     def _say_why_shards_wait(
         self,

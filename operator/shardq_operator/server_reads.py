@@ -39,14 +39,17 @@ class Wanted:
     credential: PeerCredential = NO_PEER_SECRET
 
 
-def read_queue_counts(addresses: Sequence[str], queue: str) -> dict[str, Any] | None:
+def read_queue_counts(
+    addresses: Sequence[str], queue: str, credential: PeerCredential = NO_PEER_SECRET
+) -> dict[str, Any] | None:
     """visible / inFlight / oldestAge of `queue` from the first server that answers
     (it gathers the other shards' from their leaders), or None when none does or some
     shard's leader did not answer: the status keeps its last whole figures rather than
-    show a count that leaves out a shard's messages."""
+    show a count that leaves out a shard's messages. The calls carry `credential`, the
+    cluster's peer secret, which servers that authenticate clients take in place of a token."""
     for address in addresses:
         try:
-            with Client(address, route_directly=False) as shardq_client:
+            with Client(address, route_directly=False, metadata=credential.metadata) as shardq_client:
                 attributes = shardq_client.attributes(queue)
         except ShardqError:
             continue
@@ -66,7 +69,7 @@ class ServerReads:
         *,
         every_s: float,
         read_reports: Callable[[Sequence[str], PeerCredential], dict[ShardId, LeaderReport]] = leader_reports,
-        read_counts: Callable[[Sequence[str], str], dict[str, Any] | None] = read_queue_counts,
+        read_counts: Callable[[Sequence[str], str, PeerCredential], dict[str, Any] | None] = read_queue_counts,
         background: bool = True,
     ) -> None:
         """`background=False` reads only when `read_once` is called (tests drive the rounds)."""
@@ -142,7 +145,7 @@ class ServerReads:
                 if cluster in self._wanted:
                     self._reports[cluster] = reports
             for queue in what.queues:
-                counts = self._read_counts(what.addresses, queue)
+                counts = self._read_counts(what.addresses, queue, what.credential)
                 if counts is None:
                     continue  # nobody answered: keep the last figures
                 with self._lock:

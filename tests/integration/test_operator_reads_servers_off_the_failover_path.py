@@ -19,6 +19,7 @@ from typing import Any
 from shardq_operator.server_reads import ServerReads, read_queue_counts
 
 from shardq import Client
+from shardq.coordination.peer_credentials import PeerCredential
 from shardq.types import Message
 from tests.support.servers import ServerProcess, wait_for
 
@@ -32,9 +33,9 @@ def test_a_paused_server_holds_up_the_reader_but_never_the_reconcile(tmp_path: p
     reading = threading.Event()
     answered: list[dict[str, Any] | None] = []
 
-    def counts_of(addresses: Sequence[str], queue: str) -> dict[str, Any] | None:
+    def counts_of(addresses: Sequence[str], queue: str, credential: PeerCredential) -> dict[str, Any] | None:
         reading.set()
-        counts = read_queue_counts(addresses, queue)
+        counts = read_queue_counts(addresses, queue, credential)
         answered.append(counts)
         return counts
 
@@ -64,7 +65,7 @@ def test_a_paused_server_holds_up_the_reader_but_never_the_reconcile(tmp_path: p
 def test_a_queue_nobody_answers_for_keeps_its_last_figures_a_deleted_one_loses_them() -> None:
     answers: list[dict[str, Any] | None] = [{"visible": 3, "inFlight": 1, "oldestAge": "2s"}, None]
     reads = ServerReads(
-        every_s=3600, read_reports=lambda *_: {}, read_counts=lambda _, __: answers.pop(0), background=False
+        every_s=3600, read_reports=lambda *_: {}, read_counts=lambda *_: answers.pop(0), background=False
     )
     reads.want(CLUSTER, addresses=["127.0.0.1:1"], queues=[QUEUE])
     reads.read_once()
@@ -80,7 +81,7 @@ def test_a_queue_nobody_answers_for_keeps_its_last_figures_a_deleted_one_loses_t
 def test_a_queue_deleted_while_its_counts_are_read_gets_no_figures_back() -> None:
     reads: ServerReads
 
-    def read_counts(addresses: Sequence[str], queue: str) -> dict[str, Any]:
+    def read_counts(addresses: Sequence[str], queue: str, credential: PeerCredential) -> dict[str, Any]:
         # The reconcile sees the Queue deleted while this server answers.
         reads.want(CLUSTER, addresses=addresses, queues=[])
         return {"visible": 3, "inFlight": 0, "oldestAge": ""}
