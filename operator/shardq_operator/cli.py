@@ -89,7 +89,10 @@ def operator_command(
         duration_ms = parse_duration_ms(leader_lease_duration)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--leader-lease-duration") from None
-    api = connect(kubeconfig=kubeconfig)
+    try:
+        api = connect(kubeconfig=kubeconfig)
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
     leadership = OperatorLeadership(
         KubernetesLeaseStore(api, namespace=lease_namespace, watch=False),
         identity=identity or default_identity(),

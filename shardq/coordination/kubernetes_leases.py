@@ -31,6 +31,7 @@ from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
 from kubernetes.watch.watch import iter_resp_lines
 
 from shardq.coordination.leases import LeaseConflict, LeaseRecord
@@ -60,15 +61,20 @@ _HTTP_GONE = 410
 
 
 def connect(*, kubeconfig: pathlib.Path | None = None) -> client.ApiClient:
-    """An API client from `kubeconfig`, or from the pod's service account when None."""
-    if kubeconfig is None:
-        configuration = client.Configuration()
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    else:
-        configuration = client.Configuration()
-        config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=str(kubeconfig), client_configuration=configuration
-        )
+    """An API client from `kubeconfig`, or from the pod's service account when None.
+    Raises ValueError saying what is missing (outside a pod, without a kubeconfig, the
+    client's own exception ended `shardq serve` in a traceback)."""
+    configuration = client.Configuration()
+    try:
+        if kubeconfig is None:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=str(kubeconfig), client_configuration=configuration
+            )
+    except ConfigException as error:
+        where = "outside a pod: give --kubeconfig" if kubeconfig is None else f"kubeconfig {kubeconfig}"
+        raise ValueError(f"no Kubernetes API client {where} ({error})") from None
     return client.ApiClient(configuration)
 
 
