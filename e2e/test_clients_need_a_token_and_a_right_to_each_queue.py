@@ -317,6 +317,40 @@ def test_an_api_server_that_cannot_answer_makes_calls_unavailable_not_admitted(
         process.cleanup()
 
 
+def test_a_server_whose_account_may_not_ask_says_so_at_start_and_to_each_client(
+    tmp_path: pathlib.Path,
+    kubeconfig: pathlib.Path,
+    namespace: str,
+    accounts: Accounts,
+    api_client: client.ApiClient,
+) -> None:
+    # The server runs as a ServiceAccount never bound to system:auth-delegator.
+    client.CoreV1Api(api_client).create_namespaced_service_account(
+        namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="unbound-server"))
+    )
+    config = json.loads(kubeconfig.read_text())
+    for entry in config["users"]:
+        entry["user"] = {"token": account_token(api_client, namespace, "unbound-server", audiences=None)}
+    as_unbound = tmp_path / "unbound.kubeconfig"
+    as_unbound.write_text(json.dumps(config))
+    process = ServerProcess.in_directory(
+        tmp_path,
+        ["orders"],
+        *("--client-auth", "kubernetes", "--kubeconfig", str(as_unbound), "--namespace", namespace),
+    )
+    process.start()
+    try:
+        assert "clients will be refused until this is fixed: create tokenreviews.authentication.k8s.io" in process.log()
+        with Client(process.endpoint, token=accounts.tokens["admin"]) as admin:
+            with pytest.raises(Unavailable) as unavailable:
+                admin.send_messages("orders", [Message(b"x")])
+            assert "403" in unavailable.value.message
+            assert "bind it to the ClusterRole system:auth-delegator" in unavailable.value.message
+        assert process.alive()
+    finally:
+        process.cleanup()
+
+
 def test_in_a_cluster_forwarded_calls_pass_on_the_peer_secret_and_clients_still_need_rights(
     tmp_path: pathlib.Path, kubeconfig: pathlib.Path, namespace: str, accounts: Accounts
 ) -> None:

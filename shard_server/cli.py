@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import pathlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -21,9 +22,12 @@ from shardq.coordination.peer_credentials import NO_PEER_SECRET, read_peer_secre
 from shardq.durations import parse_duration_ms
 
 if TYPE_CHECKING:
+    from shard_server.runtime.kubernetes_reviews import KubernetesReviews
     from shardq.coordination.kubernetes_maps import ConfigMapSource
 from shardq.queues import QueueConfig, parse_queue_option, queue_config_from_spec
 from shardq.sizes import NotASize, parse_size
+
+log = logging.getLogger(__name__)
 
 
 def load_queue_file(path: pathlib.Path) -> list[QueueConfig]:
@@ -264,13 +268,15 @@ def serve_command(
     if client_auth != KUBERNETES and token_audience != "shardq":
         raise click.UsageError("--token-audience goes with --client-auth kubernetes")
     access: ClientAccess = OPEN_ACCESS
+    reviews = None
     if client_auth == KUBERNETES:
         if not token_audience.strip() or any(c.isspace() for c in token_audience):
             raise click.UsageError("--token-audience: give one audience, without spaces")
         try:
-            access = kubernetes_access(kubeconfig=kubeconfig, namespace=namespace, audience=token_audience)
+            reviews = kubernetes_reviews(kubeconfig=kubeconfig, namespace=namespace, audience=token_audience)
         except (OSError, ValueError) as error:
-            raise click.ClickException(f"--client-auth kubernetes: cannot reach the API server: {error}") from None
+            raise click.ClickException(f"--client-auth kubernetes: {error}") from None
+        access = ReviewedAccess(reviews)
     source = None
     if cluster_configmap is not None:
         if cluster_file is not None:
@@ -284,6 +290,10 @@ def serve_command(
         if not server_id:
             raise click.UsageError("--cluster-configmap needs --server-id")
     configure_logging(json_lines=log_format == "json")
+    if reviews is not None:
+        # Said once here; each refused client is told too (UNAVAILABLE, naming the rights).
+        for missing in reviews.missing_rights():
+            log.warning("--client-auth kubernetes: clients will be refused until this is fixed: %s", missing)
     with contextlib.ExitStack() as closing:
         leases = None
         if cluster is not None and lease_store is not None:
@@ -341,12 +351,11 @@ def config_map_source(name: str, *, kubeconfig: pathlib.Path | None, namespace: 
     return ConfigMapSource(connect(kubeconfig=kubeconfig), namespace=pod_namespace(namespace), name=name)
 
 
-def kubernetes_access(*, kubeconfig: pathlib.Path | None, namespace: str | None, audience: str) -> ClientAccess:
+def kubernetes_reviews(*, kubeconfig: pathlib.Path | None, namespace: str | None, audience: str) -> KubernetesReviews:
     # Imported here: only Kubernetes mode needs the client.
     from shard_server.runtime.kubernetes_reviews import connect_reviews
 
-    reviews = connect_reviews(kubeconfig=kubeconfig, namespace=pod_namespace(namespace), audience=audience)
-    return ReviewedAccess(reviews)
+    return connect_reviews(kubeconfig=kubeconfig, namespace=pod_namespace(namespace), audience=audience)
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ minute (as Kubernetes' own webhook authorisers cache theirs).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import time
 from collections.abc import Callable, Hashable, Iterable
@@ -27,8 +28,9 @@ DECISION_TTL_S = 60.0
 REFUSAL_TTL_S = 10.0
 MAX_TOKENS_REMEMBERED = 4096
 MAX_DECISIONS_REMEMBERED = 16384
-# Reviews in flight at once: a client sending a new token each call makes reviews at the
-# pace the cluster answers them, not as many as it likes.
+# Reviews in flight at once, on threads of their own: a client sending a new token each
+# call makes reviews at the pace the cluster answers them, not as many as it likes, and
+# an API server that hangs holds these threads, not the ones that read the shards.
 MAX_REVIEWS_IN_FLIGHT = 8
 
 Metadata = Iterable[tuple[str, str | bytes]] | None
@@ -77,7 +79,7 @@ class ReviewedAccess:
         self._identities: ExpiringCache[bytes, Identity | Unauthenticated] = ExpiringCache(MAX_TOKENS_REMEMBERED)
         self._decisions: ExpiringCache[tuple[Identity, Verb, str], bool] = ExpiringCache(MAX_DECISIONS_REMEMBERED)
         self._asking: dict[Hashable, asyncio.Future[Any]] = {}
-        self._in_flight = asyncio.Semaphore(MAX_REVIEWS_IN_FLIGHT)
+        self._reviewers = concurrent.futures.ThreadPoolExecutor(MAX_REVIEWS_IN_FLIGHT, "client-reviews")
 
     async def require(self, metadata: Metadata, verbs: tuple[Verb, ...], queue: str) -> None:
         identity = await self._identity(bearer_token(metadata))
@@ -105,9 +107,8 @@ class ReviewedAccess:
                 known = await self._once(key, lambda: _counted("token", lambda: self.reviews.identity(token)))
             except Unauthenticated as refused:
                 known = refused
-            self._identities.put(
-                key, known, now=self.clock(), ttl=REFUSAL_TTL_S if isinstance(known, ShardqError) else IDENTITY_TTL_S
-            )
+            ttl = REFUSAL_TTL_S if isinstance(known, Unauthenticated) else IDENTITY_TTL_S
+            self._identities.put(key, known, now=self.clock(), ttl=ttl)
         if isinstance(known, Unauthenticated):
             raise Unauthenticated(known.message)
         return known
@@ -123,19 +124,15 @@ class ReviewedAccess:
         return known
 
     async def _once(self, key: Hashable, ask: Callable[[], T]) -> T:
-        """`ask` on a worker thread; callers asking about the same key meanwhile share
+        """`ask` on a reviewer thread; callers asking about the same key meanwhile share
         its answer. A caller cancelled while waiting leaves the review to the others."""
         shared: asyncio.Future[Any] | None = self._asking.get(key)
         if shared is None:
-            shared = asyncio.ensure_future(self._bounded(ask))
+            shared = asyncio.get_running_loop().run_in_executor(self._reviewers, ask)
             self._asking[key] = shared
             shared.add_done_callback(lambda done: self._settled(key, done))
         answer: T = await asyncio.shield(shared)  # the same key always asks the same question
         return answer
-
-    async def _bounded(self, ask: Callable[[], T]) -> T:
-        async with self._in_flight:
-            return await asyncio.to_thread(ask)
 
     def _settled(self, key: Hashable, done: asyncio.Future[Any]) -> None:
         self._asking.pop(key, None)

@@ -20,6 +20,11 @@ from shardq.errors import Unauthenticated, Unavailable
 
 # A review outliving this is no answer: the call it holds up would rather fail and be retried.
 REVIEW_TIMEOUT_S = 5.0
+_FORBIDDEN = 403
+NEEDED_RIGHTS = (
+    "this server's ServiceAccount needs create on tokenreviews and subjectaccessreviews: "
+    "bind it to the ClusterRole system:auth-delegator"
+)
 
 
 class KubernetesReviews:
@@ -54,6 +59,29 @@ class KubernetesReviews:
             extra=tuple(sorted((key, tuple(values or ())) for key, values in (user.extra or {}).items())),
         )
 
+    def missing_rights(self) -> list[str]:
+        """The reviews this server may not ask for, by its own account's rights (asked once
+        at start, to say so in the log rather than in every refused client's error)."""
+        missing = []
+        for group, resource in (
+            ("authentication.k8s.io", "tokenreviews"),
+            ("authorization.k8s.io", "subjectaccessreviews"),
+        ):
+            review = client.V1SelfSubjectAccessReview(
+                spec=client.V1SelfSubjectAccessReviewSpec(
+                    resource_attributes=client.V1ResourceAttributes(group=group, resource=resource, verb="create")
+                )
+            )
+            try:
+                answer = self._authorization.create_self_subject_access_review(
+                    review, _request_timeout=REVIEW_TIMEOUT_S
+                )
+            except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
+                return [f"cannot ask the API server: {_failure(error)}"]
+            if answer.status is None or not answer.status.allowed:
+                missing.append(f"create {resource}.{group}")
+        return missing
+
     def allows(self, identity: Identity, verb: Verb, queue: str) -> bool:
         review = client.V1SubjectAccessReview(
             spec=client.V1SubjectAccessReviewSpec(
@@ -80,7 +108,10 @@ class KubernetesReviews:
 
 def _failure(error: Exception) -> str:
     if isinstance(error, ApiException):
-        return f"the API server answered {error.status} {error.reason}"
+        said = f"the API server answered {error.status} {error.reason}"
+        if error.status == _FORBIDDEN:
+            said += f" ({NEEDED_RIGHTS})"
+        return said
     return f"the API server did not answer ({type(error).__name__})"
 
 
