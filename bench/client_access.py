@@ -40,6 +40,7 @@ from kubernetes import client
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from e2e.binaries import locate_binaries, require
 from e2e.kubecluster import start_control_plane, stop_control_plane
+from e2e.queue_rights import EVERY_VERB, account_token, grant
 from shard_server.domain.client_access import Identity, Verb
 from shard_server.runtime.client_access import ReviewedAccess
 
@@ -52,28 +53,11 @@ def say(text: str) -> None:
 
 
 def account_with_every_right(api: client.ApiClient, namespace: str, token_file: pathlib.Path) -> None:
-    core = client.CoreV1Api(api)
-    rbac = client.RbacAuthorizationV1Api(api)
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    core.create_namespaced_service_account(
-        namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=ACCOUNT))
-    )
-    verbs = ["send", "receive", "get", "list", "admin", "export"]
-    rule = client.V1PolicyRule(api_groups=["shardq.io"], resources=["queues"], verbs=verbs)
-    rbac.create_namespaced_role(namespace, client.V1Role(metadata=client.V1ObjectMeta(name=ACCOUNT), rules=[rule]))
-    rbac.create_namespaced_role_binding(
-        namespace,
-        client.V1RoleBinding(
-            metadata=client.V1ObjectMeta(name=ACCOUNT),
-            role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name=ACCOUNT),
-            subjects=[client.RbacV1Subject(kind="ServiceAccount", name=ACCOUNT, namespace=namespace)],
-        ),
-    )
-    request = client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=["shardq"], expiration_seconds=24 * 3600)
-    )
-    answer = core.create_namespaced_service_account_token(ACCOUNT, namespace, request)
-    token_file.write_text(answer.status.token)
+    client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    account = client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=ACCOUNT))
+    client.CoreV1Api(api).create_namespaced_service_account(namespace, account)
+    grant(api, namespace, ACCOUNT, queue=None, verbs=EVERY_VERB)
+    token_file.write_text(account_token(api, namespace, ACCOUNT, audiences=["shardq"], seconds=24 * 3600))
     token_file.chmod(0o600)
 
 

@@ -19,6 +19,7 @@ import grpc
 import pytest
 from kubernetes import client
 
+from e2e.queue_rights import EVERY_VERB, account_token, grant
 from shardq import Client, Message
 from shardq.aio import AsyncClient
 from shardq.api.v1 import export_pb2, export_pb2_grpc, queue_pb2, queue_pb2_grpc
@@ -36,36 +37,6 @@ AUDIENCE = "shardq"
 QUEUES = ("orders", "audit")
 
 
-def account_token(api: client.ApiClient, namespace: str, account: str, *, audiences: list[str] | None) -> str:
-    """A fresh token for `account` from the TokenRequest API (audiences None: the API
-    server's own, as a pod's default token has)."""
-    core = client.CoreV1Api(api)
-    request = client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=audiences or [], expiration_seconds=3600)
-    )
-    answer = core.create_namespaced_service_account_token(account, namespace, request)
-    return str(answer.status.token)
-
-
-def grant(api: client.ApiClient, namespace: str, account: str, *, queue: str | None, verbs: list[str]) -> str:
-    """A Role allowing `verbs` on shardq.io queues (named `queue`, or all), bound to `account`."""
-    rbac = client.RbacAuthorizationV1Api(api)
-    name = f"{account}-{'-'.join(verbs)}-{queue or 'all'}"
-    rule = client.V1PolicyRule(api_groups=["shardq.io"], resources=["queues"], verbs=verbs)
-    if queue is not None:
-        rule.resource_names = [queue]
-    rbac.create_namespaced_role(namespace, client.V1Role(metadata=client.V1ObjectMeta(name=name), rules=[rule]))
-    rbac.create_namespaced_role_binding(
-        namespace,
-        client.V1RoleBinding(
-            metadata=client.V1ObjectMeta(name=name),
-            role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name=name),
-            subjects=[client.RbacV1Subject(kind="ServiceAccount", name=account, namespace=namespace)],
-        ),
-    )
-    return name
-
-
 class Accounts:
     """producer: send to orders. worker: receive from orders. analyst: export orders.
     stranger: nothing. admin: every verb on every queue."""
@@ -79,7 +50,7 @@ class Accounts:
         grant(api, namespace, "producer", queue="orders", verbs=["send"])
         grant(api, namespace, "worker", queue="orders", verbs=["receive"])
         grant(api, namespace, "analyst", queue="orders", verbs=["export"])
-        grant(api, namespace, "admin", queue=None, verbs=["send", "receive", "get", "list", "admin", "export"])
+        grant(api, namespace, "admin", queue=None, verbs=EVERY_VERB)
         self.api = api
         self.namespace = namespace
         self.tokens = {
@@ -95,13 +66,20 @@ def accounts(api_client: client.ApiClient, namespace: str) -> Accounts:
     return Accounts(api_client, namespace)
 
 
-@pytest.fixture
-def server(tmp_path: pathlib.Path, kubeconfig: pathlib.Path, namespace: str) -> Iterator[ServerProcess]:
-    process = ServerProcess.in_directory(
-        tmp_path,
-        ["orders:shards=2", "audit"],
+def authenticating_server(
+    directory: pathlib.Path, queues: list[str], *, kubeconfig: pathlib.Path, namespace: str
+) -> ServerProcess:
+    """A standalone server (not started) that asks the API server `kubeconfig` names."""
+    return ServerProcess.in_directory(
+        directory,
+        queues,
         *("--client-auth", "kubernetes", "--kubeconfig", str(kubeconfig), "--namespace", namespace),
     )
+
+
+@pytest.fixture
+def server(tmp_path: pathlib.Path, kubeconfig: pathlib.Path, namespace: str) -> Iterator[ServerProcess]:
+    process = authenticating_server(tmp_path, ["orders:shards=2", "audit"], kubeconfig=kubeconfig, namespace=namespace)
     process.start()
     try:
         yield process
@@ -301,11 +279,7 @@ def test_an_api_server_that_cannot_answer_makes_calls_unavailable_not_admitted(
     for entry in config["clusters"]:
         entry["cluster"]["server"] = f"https://127.0.0.1:{free_port()}"
     unreachable.write_text(json.dumps(config))
-    process = ServerProcess.in_directory(
-        tmp_path,
-        ["orders"],
-        *("--client-auth", "kubernetes", "--kubeconfig", str(unreachable), "--namespace", namespace),
-    )
+    process = authenticating_server(tmp_path, ["orders"], kubeconfig=unreachable, namespace=namespace)
     process.start()
     try:
         with Client(process.endpoint, token=accounts.tokens["admin"]) as admin:
@@ -333,11 +307,7 @@ def test_a_server_whose_account_may_not_ask_says_so_at_start_and_to_each_client(
         entry["user"] = {"token": account_token(api_client, namespace, "unbound-server", audiences=None)}
     as_unbound = tmp_path / "unbound.kubeconfig"
     as_unbound.write_text(json.dumps(config))
-    process = ServerProcess.in_directory(
-        tmp_path,
-        ["orders"],
-        *("--client-auth", "kubernetes", "--kubeconfig", str(as_unbound), "--namespace", namespace),
-    )
+    process = authenticating_server(tmp_path, ["orders"], kubeconfig=as_unbound, namespace=namespace)
     process.start()
     try:
         assert "clients will be refused until this is fixed: create tokenreviews.authentication.k8s.io" in process.log()
