@@ -70,7 +70,8 @@ def queue_ready(api: client.ApiClient, namespace: str, name: str) -> dict[str, A
 
 def cluster_state(api: client.ApiClient, namespace: str, logs: list[Path]) -> str:
     """What a timed-out wait shows: every queue's conditions, every shard's leader, epoch
-    and in-sync replicas, the server pods, and the operators' logs."""
+    and in-sync replicas, the server pods (with the log of each one not ready), and the
+    operators' logs."""
     lines = []
     for queue in client.CustomObjectsApi(api).list_namespaced_custom_object(GROUP, VERSION, namespace, "queues")[
         "items"
@@ -92,6 +93,12 @@ def cluster_state(api: client.ApiClient, namespace: str, logs: list[Path]) -> st
         ready = [c.status for c in pod.status.conditions or [] if c.type == "Ready"]
         restarts = [s.restart_count for s in pod.status.container_statuses or []]
         lines.append(f"pod {pod.metadata.name}: {pod.status.phase} ready {ready} restarts {restarts}")
+        if ready != ["True"]:
+            try:
+                said = client.CoreV1Api(api).read_namespaced_pod_log(pod.metadata.name, namespace, tail_lines=40)
+            except ApiException as error:
+                said = f"(no log: {error.status} {error.reason})"
+            lines.append(f"--- pod {pod.metadata.name} (last 40 lines)\n{said}")
     for log in logs:
         text = log.read_text(errors="replace") if log.exists() else "(no log)"
         lines.append(f"--- {log.name} (last 40 lines)\n" + "\n".join(text.splitlines()[-40:]))
@@ -267,7 +274,14 @@ def test_queues_on_a_cluster_serve_fail_over_and_change_without_restarts(
         assert drain(endpoint, "audit", 2) == {b"first", b"second"}
 
         client.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, namespace, "queues", "audit")
-        wait_for(lambda: get(api, namespace, "queues", "audit") is None, timeout=60, what="queue audit deleted")
+        # ci70 timed out here once, the replaced pod not ready for the whole minute: the
+        # state at the timeout says why.
+        wait_for(
+            lambda: get(api, namespace, "queues", "audit") is None,
+            timeout=60,
+            what="queue audit deleted",
+            explain=lambda: cluster_state(api, namespace, [tmp_path / "operator.log"]),
+        )
         # Its Shard objects go with it (the garbage collector follows their owner reference).
         wait_for(lambda: shard_leaders(api, namespace, "audit") == {}, timeout=60, what="audit's Shards removed")
         with Client(endpoint, route_directly=False) as admin:
