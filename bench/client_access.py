@@ -38,6 +38,8 @@ from kubernetes import client
 # The benchmarks share the e2e control plane; run as `python bench/client_access.py`
 # from the repository root, which goes on sys.path here.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from latency_ab import split_passed  # bench/latency_ab.py: this script's directory is sys.path[0]
+
 from e2e.binaries import locate_binaries, require
 from e2e.kubecluster import start_control_plane, stop_control_plane
 from e2e.queue_rights import EVERY_VERB, account_token, grant
@@ -102,11 +104,7 @@ def cached_cost(out: pathlib.Path, *, rounds: int = 7, calls: int = 50_000) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    passed: list[str] = []
-    if "--" in argv:
-        at = argv.index("--")
-        argv, passed = argv[:at], argv[at + 1 :]
+    argv, passed = split_passed(argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5, help="runs of each side, alternating")
     parser.add_argument("--label", default="client-access")

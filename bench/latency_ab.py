@@ -43,12 +43,17 @@ FIGURES = (
 )
 
 
-def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+def split_passed(argv: list[str] | None) -> tuple[list[str], list[str]]:
+    """This script's arguments, and those after `--`, which go to every latency.py run."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    passed: list[str] = []
-    if "--" in argv:
-        at = argv.index("--")
-        argv, passed = argv[:at], argv[at + 1 :]
+    if "--" not in argv:
+        return argv, []
+    at = argv.index("--")
+    return argv[:at], argv[at + 1 :]
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    argv, passed = split_passed(argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--label", required=True)
     parser.add_argument("--a-name", required=True)

@@ -17,6 +17,7 @@ import kopf
 
 from shardq import Client, ShardqError
 from shardq.coordination.cluster_map import cluster_map_from_text
+from shardq.coordination.peer_credentials import PeerCredential
 from shardq_operator import naming
 from shardq_operator.kube import ApplyRefused, Kube
 from shardq_operator.leadership import OperatorLeadership
@@ -168,7 +169,9 @@ def queue_deleted(namespace: str | None, name: str, body: kopf.Body, **_: Any) -
     if owner is None:
         return  # no servers: nothing holds its data
     tick = reconciler.reconcile(namespace, cluster)
-    waiting = _servers_holding(reconciler.kube, namespace, cluster, owner, name)
+    # The cluster's peer secret: servers that authenticate their clients take it for a token.
+    credential = reconciler.credential_of(owner)
+    waiting = _servers_holding(reconciler.kube, namespace, cluster, owner, name, credential)
     if waiting:
         message = f"waiting until every server has dropped the queue's data: {waiting}"
         if name in tick.problems:  # kept in the map, as another queue's dead-letter queue
@@ -185,7 +188,14 @@ def queue_deleted(namespace: str | None, name: str, body: kopf.Body, **_: Any) -
         raise kopf.TemporaryError(message, delay=1)
 
 
-def _servers_holding(kube: Kube, namespace: str, cluster: str, owner: kopf.Body | dict[str, Any], queue: str) -> str:
+def _servers_holding(
+    kube: Kube,
+    namespace: str,
+    cluster: str,
+    owner: kopf.Body | dict[str, Any],
+    queue: str,
+    credential: PeerCredential,
+) -> str:
     """Which servers may still hold `queue`'s data, and why ("" when none): those that
     list it, and those that cannot be asked now (down, starting, without a pod). Every
     server counts: the cluster's servers by its spec and by its map, and any pod of it."""
@@ -196,11 +206,9 @@ def _servers_holding(kube: Kube, namespace: str, cluster: str, owner: kopf.Body 
     # With the StatefulSet going (a namespace deleted whole), no server comes back to its
     # volume under this cluster: waiting for the silent ones would hold the deletion for good.
     holding = {} if silent and kube.server_set_goes(namespace, cluster) else dict(silent)
-    # The cluster's peer secret: servers that authenticate their clients take it for a token.
-    calls_carry = _reconciler().credential_of(owner).metadata
     for server, address in askable.items():
         try:
-            with Client(address, route_directly=False, metadata=calls_carry) as client:
+            with Client(address, route_directly=False, metadata=credential.metadata) as client:
                 if queue in client.list_queues():
                     holding[server] = "it still hosts the queue"
         except ShardqError as error:

@@ -16,6 +16,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from shard_server.domain.client_access import ACCESS_GROUP, ACCESS_RESOURCE, Identity, Verb
+from shardq.coordination.kubernetes_leases import connect
 from shardq.errors import Unauthenticated, Unavailable
 
 # A review outliving this is no answer: the call it holds up would rather fail and be retried.
@@ -116,7 +117,5 @@ def _failure(error: Exception) -> str:
 
 
 def connect_reviews(*, kubeconfig: pathlib.Path | None, namespace: str, audience: str) -> KubernetesReviews:
-    # The lease store's connection helper: a kubeconfig, or the pod's own ServiceAccount.
-    from shardq.coordination.kubernetes_leases import connect
-
+    """Reviews asked as the account `kubeconfig` names, or as the pod's own ServiceAccount."""
     return KubernetesReviews(connect(kubeconfig=kubeconfig), namespace=namespace, audience=audience)

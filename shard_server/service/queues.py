@@ -104,12 +104,21 @@ def _consume_frame() -> tuple[queue_pb2.ConsumeResponse, queue_pb2.ReceiveMessag
     return response, response.messages
 
 
+SEND: tuple[Verb, ...] = (Verb.SEND,)
+RECEIVE: tuple[Verb, ...] = (Verb.RECEIVE,)
+ADMIN: tuple[Verb, ...] = (Verb.ADMIN,)
+
+
 def unary(
     method: str,
+    verbs: tuple[Verb, ...],
 ) -> Callable[
     [Callable[[Any, Request, Context], Awaitable[Response]]], Callable[[Any, Request, Context], Awaitable[Response]]
 ]:
-    """Time the call and turn a ShardqError into a status with ErrorInfo."""
+    """Time the call, admit its caller to one of `verbs` on the request's queue when the
+    server authenticates clients (before the handler looks the queue up, so a caller
+    without rights learns nothing of it), and turn a ShardqError into a status with
+    ErrorInfo."""
     histogram = metrics.REQUEST_SECONDS.labels(method)
 
     def decorate(
@@ -119,6 +128,8 @@ def unary(
         async def wrapper(self: Any, request: Request, context: Context) -> Response:
             started = time.perf_counter()
             try:
+                if self.access.enforced:
+                    await self._authorized(context, verbs, getattr(request, "queue", ""))
                 return await handler(self, request, context)
             except ShardqError as error:
                 await abort_with(context, error)
@@ -130,10 +141,6 @@ def unary(
 
     return decorate
 
-
-SEND: tuple[Verb, ...] = (Verb.SEND,)
-RECEIVE: tuple[Verb, ...] = (Verb.RECEIVE,)
-ADMIN: tuple[Verb, ...] = (Verb.ADMIN,)
 
 # The streams' names in shardq_stream_requests_total, as RPCs are named in shardq_requests_total.
 SEND_STREAM = "QueueService/SendStream"
@@ -198,20 +205,16 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         entries = await queue.send(messages, shard=shard, forwarded=forwarded)
         return send_response_to_proto(entries)
 
-    @unary("SendMessages")
+    @unary("SendMessages", SEND)
     async def SendMessages(
         self, request: queue_pb2.SendMessagesRequest, context: Context
     ) -> queue_pb2.SendMessagesResponse:
-        if self.access.enforced:
-            await self._authorized(context, SEND, request.queue)
         return await self._send(request, forwarded=self._forwarded(context))
 
-    @unary("ReceiveMessages")
+    @unary("ReceiveMessages", RECEIVE)
     async def ReceiveMessages(
         self, request: queue_pb2.ReceiveMessagesRequest, context: Context
     ) -> queue_pb2.ReceiveMessagesResponse:
-        if self.access.enforced:
-            await self._authorized(context, RECEIVE, request.queue)
         queue = self.host.get(request.queue)
         if request.shares:
             return await self._receive_shares(queue, request, context)
@@ -259,23 +262,19 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         )
         return shared_received_to_proto(parts, deleted=request.delete_on_receive)
 
-    @unary("DeleteMessages")
+    @unary("DeleteMessages", RECEIVE)
     async def DeleteMessages(
         self, request: queue_pb2.DeleteMessagesRequest, context: Context
     ) -> queue_pb2.DeleteMessagesResponse:
-        if self.access.enforced:
-            await self._authorized(context, RECEIVE, request.queue)
         queue = self.host.get(request.queue)
         validate_receipts("receipts", request.receipts)
         outcomes = await queue.delete(list(request.receipts), forwarded=self._forwarded(context))
         return queue_pb2.DeleteMessagesResponse(results=entry_results_to_proto(outcomes))
 
-    @unary("ChangeVisibility")
+    @unary("ChangeVisibility", RECEIVE)
     async def ChangeVisibility(
         self, request: queue_pb2.ChangeVisibilityRequest, context: Context
     ) -> queue_pb2.ChangeVisibilityResponse:
-        if self.access.enforced:
-            await self._authorized(context, RECEIVE, request.queue)
         queue = self.host.get(request.queue)
         validate_batch_size("changes", len(request.changes), MAX_RECEIVE_BATCH)
         changes = [
@@ -290,12 +289,10 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         outcomes = await queue.change_visibility(changes, forwarded=self._forwarded(context))
         return queue_pb2.ChangeVisibilityResponse(results=entry_results_to_proto(outcomes))
 
-    @unary("ReleaseMessages")
+    @unary("ReleaseMessages", RECEIVE)
     async def ReleaseMessages(
         self, request: queue_pb2.ReleaseMessagesRequest, context: Context
     ) -> queue_pb2.ReleaseMessagesResponse:
-        if self.access.enforced:
-            await self._authorized(context, RECEIVE, request.queue)
         queue = self.host.get(request.queue)
         validate_receipts("receipts", request.receipts)
         validate_release_reason("reason", request.reason)
@@ -303,19 +300,15 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         outcomes = await queue.release(list(request.receipts), reason=request.reason, forwarded=forwarded)
         return queue_pb2.ReleaseMessagesResponse(results=entry_results_to_proto(outcomes))
 
-    @unary("PurgeQueue")
+    @unary("PurgeQueue", ADMIN)
     async def PurgeQueue(self, request: queue_pb2.PurgeQueueRequest, context: Context) -> queue_pb2.PurgeQueueResponse:
-        if self.access.enforced:
-            await self._authorized(context, ADMIN, request.queue)
         queue = self.host.get(request.queue)
         return queue_pb2.PurgeQueueResponse(purged=await queue.purge(forwarded=self._forwarded(context)))
 
-    @unary("GetQueueAttributes")
+    @unary("GetQueueAttributes", (Verb.GET,))
     async def GetQueueAttributes(
         self, request: queue_pb2.GetQueueAttributesRequest, context: Context
     ) -> queue_pb2.QueueAttributes:
-        if self.access.enforced:
-            await self._authorized(context, (Verb.GET,), request.queue)
         return await self._attributes(self.host.get(request.queue), forwarded=self._forwarded(context))
 
     async def _attributes(self, queue: HostedQueue, *, forwarded: bool) -> queue_pb2.QueueAttributes:
@@ -373,12 +366,10 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             uncounted_shards=uncounted,
         )
 
-    @unary("DescribeQueue")
+    @unary("DescribeQueue", DESCRIBE_VERBS)
     async def DescribeQueue(
         self, request: queue_pb2.DescribeQueueRequest, context: Context
     ) -> queue_pb2.QueueDescription:
-        if self.access.enforced:
-            await self._authorized(context, DESCRIBE_VERBS, request.queue)
         queue = self.host.get(request.queue)
         return queue_pb2.QueueDescription(
             config=config_to_proto(queue.config),
@@ -397,19 +388,15 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
             ],
         )
 
-    @unary("CreateQueue")
+    @unary("CreateQueue", ADMIN)
     async def CreateQueue(self, request: queue_pb2.CreateQueueRequest, context: Context) -> queue_pb2.QueueDescription:
-        if self.access.enforced:
-            await self._authorized(context, ADMIN, request.queue)
         queue, _ = await self.admin.create(request.queue, dict(request.settings))
         return self._description(queue)
 
-    @unary("DeleteQueue")
+    @unary("DeleteQueue", ADMIN)
     async def DeleteQueue(
         self, request: queue_pb2.DeleteQueueRequest, context: Context
     ) -> queue_pb2.DeleteQueueResponse:
-        if self.access.enforced:
-            await self._authorized(context, ADMIN, request.queue)
         queue = self.host.get(request.queue)
         if queue.router is None:
             return queue_pb2.DeleteQueueResponse(messages_deleted=await self.admin.delete(request.queue))
@@ -418,18 +405,14 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         await self.admin.delete(request.queue)
         return queue_pb2.DeleteQueueResponse(messages_deleted=held.visible + held.in_flight + held.delayed)
 
-    @unary("SetQueueAttributes")
+    @unary("SetQueueAttributes", ADMIN)
     async def SetQueueAttributes(
         self, request: queue_pb2.SetQueueAttributesRequest, context: Context
     ) -> queue_pb2.QueueDescription:
-        if self.access.enforced:
-            await self._authorized(context, ADMIN, request.queue)
         return self._description(await self.admin.set_attributes(request.queue, dict(request.settings)))
 
-    @unary("ListQueues")
+    @unary("ListQueues", (Verb.LIST,))
     async def ListQueues(self, request: queue_pb2.ListQueuesRequest, context: Context) -> queue_pb2.ListQueuesResponse:
-        if self.access.enforced:
-            await self._authorized(context, (Verb.LIST,), "")
         return queue_pb2.ListQueuesResponse(queues=sorted(self.host.queues))
 
     async def Redrive(
