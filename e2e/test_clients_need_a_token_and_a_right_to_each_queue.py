@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import pathlib
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -268,6 +270,32 @@ def test_clients_read_their_token_from_the_file_shardq_token_file_names(
     with pytest.raises(Exception, match="SHARDQ_TOKEN_FILE: cannot read the token file"):
         Client(server.endpoint)
     assert stored(server, accounts, "orders") == [b"from the file"]
+
+
+def test_the_cli_sends_the_token_its_token_file_option_names(
+    server: ServerProcess, accounts: Accounts, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(TOKEN_FILE_ENV, raising=False)
+    for account in ("producer", "stranger"):
+        (tmp_path / account).write_text(accounts.tokens[account])
+
+    def send(*token_file: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "shardq", "send", "--endpoint", server.endpoint, "--queue", "orders"]
+        return subprocess.run(
+            [*command, "--body", "from the cli", *token_file], capture_output=True, text=True, timeout=60, check=False
+        )
+
+    sent = send("--token-file", str(tmp_path / "producer"))
+    assert sent.returncode == 0, sent.stderr
+    refused = send("--token-file", str(tmp_path / "stranger"))
+    assert refused.returncode != 0
+    assert "PERMISSION_DENIED" in refused.stderr
+    assert "stranger may not" in refused.stderr
+    anonymous = send()
+    assert anonymous.returncode != 0
+    assert "UNAUTHENTICATED" in anonymous.stderr
+    assert "Traceback" not in refused.stderr + anonymous.stderr
+    assert stored(server, accounts, "orders") == [b"from the cli"]
 
 
 def test_an_api_server_that_cannot_answer_makes_calls_unavailable_not_admitted(
