@@ -238,3 +238,48 @@ def build_pki(directory: Path, *, service_ip: str, node: NodeIdentity | None = N
         service_account_key=service_account_key,
         service_account_public_key=service_account_public_key,
     )
+
+
+@dataclass(frozen=True)
+class ServingCertificates:
+    """A CA and one serving certificate it signed, as PEM files (what a
+    `kubernetes.io/tls` Secret holds: ca.crt, tls.crt, tls.key)."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def issue_serving_certificates(
+    directory: Path,
+    *,
+    dns_names: list[str],
+    ip_addresses: list[str] = [],  # noqa: B006 - never mutated
+    ca_name: str = "shardq-test-ca",
+    stem: str = "server",
+) -> ServingCertificates:
+    """Write a fresh CA and a serving certificate for `dns_names` (wildcards allowed) and
+    `ip_addresses` into `directory`. A second call with the same directory and another
+    `stem` makes a second pair under a new CA (a rotation, or a CA nobody trusts)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key = _new_key()
+    ca_subject = _name(ca_name)
+    ca_cert = _issue(
+        subject=ca_subject, key=ca_key, issuer=ca_subject, issuer_key=ca_key, is_ca=True, usages=[], sans=[]
+    )
+    ca = _write_pair(directory, f"{stem}-ca", ca_cert, ca_key)
+    key = _new_key()
+    sans: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
+    sans += [x509.IPAddress(ipaddress.ip_address(address)) for address in ip_addresses]
+    cert = _issue(
+        subject=_name(dns_names[0] if dns_names else ip_addresses[0]),
+        key=key,
+        issuer=ca_subject,
+        issuer_key=ca_key,
+        is_ca=False,
+        # Both: the servers present it to clients, and to each other.
+        usages=[ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
+        sans=sans,
+    )
+    pair = _write_pair(directory, stem, cert, key)
+    return ServingCertificates(ca=ca.cert, cert=pair.cert, key=pair.key)

@@ -43,6 +43,7 @@ from shardq.status import (
     never_sent,
     unknown_if_sent,
 )
+from shardq.tls import ClientTls, aio_channel, client_tls
 from shardq.types import (
     EntryResult,
     Message,
@@ -257,6 +258,10 @@ class AsyncClient:
     call; without either, the file SHARDQ_TOKEN_FILE names, if set (shardq.bearer_tokens).
     `metadata` goes with every call too: the operator's own calls carry the cluster's peer
     secret in it, which servers take in place of a token.
+
+    For servers that serve TLS, `tls` (a `ClientTls`, or True for the system's roots) or
+    `ca_file`; without either, what SHARDQ_CA_FILE / SHARDQ_TLS say (shardq.tls). Every
+    channel the client opens, to the endpoint and to leaders, speaks TLS then.
     """
 
     def __init__(
@@ -268,11 +273,14 @@ class AsyncClient:
         token: str | None = None,
         token_file: str | os.PathLike[str] | None = None,
         metadata: Sequence[tuple[str, str]] = (),
+        tls: ClientTls | bool | None = None,
+        ca_file: str | os.PathLike[str] | None = None,
     ) -> None:
         self.endpoint = endpoint
         self._token = bearer_token(token, token_file)
         self._metadata = tuple(metadata)
-        self._channel = channel or grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
+        self._tls = client_tls(tls, ca_file)
+        self._channel = channel or aio_channel(endpoint, self._tls, CHANNEL_OPTIONS)
         self._stub = with_token(queue_pb2_grpc.QueueServiceStub(self._channel), self._token, self._metadata)
         # Every send's batches go out on these streams (shardq.send_streams).
         self._send_streams = SendStreams(self._open_send_stream)
@@ -393,7 +401,7 @@ class AsyncClient:
             return self._stub
         stub = self._leader_stubs.get(address)
         if stub is None:
-            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            channel = aio_channel(address, self._tls, CHANNEL_OPTIONS)
             self._leader_channels[address] = channel
             stub = queue_pb2_grpc.QueueServiceStub(channel)
             stub = self._leader_stubs[address] = with_token(stub, self._token, self._metadata)

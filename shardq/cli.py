@@ -32,6 +32,7 @@ from shardq.durations import format_duration_ms, parse_duration_ms
 from shardq.errors import InvalidArgument, Reason, ShardqError
 from shardq.queues import MAX_RECEIVE_BATCH
 from shardq.status import UNRESOLVED_HOST_TEXTS
+from shardq.tls import CA_FILE_ENV, SERVER_NAME_ENV, TLS_ENV
 from shardq.types import Message, QueueAttributes, ReceivedMessage
 
 P = ParamSpec("P")
@@ -82,6 +83,32 @@ def host_of(endpoint: str) -> str:
     return host.removeprefix("[").removesuffix("]")
 
 
+# What gRPC's transport says when TLS is what failed (its words, from BoringSSL).
+UNTRUSTED_CERTIFICATE_TEXTS = ("CERTIFICATE_VERIFY_FAILED", "BAD_SIGNATURE", "certificate signature failure")
+
+
+def explain_tls(text: str, endpoint: str) -> str | None:
+    """A TLS failure in words, or None for another failure."""
+    speaking_tls = bool(os.environ.get(CA_FILE_ENV) or os.environ.get(TLS_ENV))
+    if "WRONG_VERSION_NUMBER" in text:
+        return f"{endpoint} does not speak TLS (it answered the handshake in plaintext): drop --ca-file/--tls"
+    if any(words in text for words in UNTRUSTED_CERTIFICATE_TEXTS):
+        trusted = os.environ.get(CA_FILE_ENV) or "the system's trusted roots"
+        return f"{endpoint}'s TLS certificate is not signed by a CA in {trusted}: check --ca-file/SHARDQ_CA_FILE"
+    if "Hostname Verification" in text:
+        name = os.environ.get(SERVER_NAME_ENV) or host_of(endpoint)
+        return (
+            f"{endpoint}'s TLS certificate does not carry the name {name!r}: "
+            "give --tls-server-name with a name it carries"
+        )
+    if "Socket closed" in text and not speaking_tls:
+        return (
+            f"{endpoint} closed the connection at once: if it serves TLS, give --ca-file (or --tls); "
+            f"otherwise check that it is a shardq server ({text})"
+        )
+    return None
+
+
 def explain(error: ShardqError, endpoint: str | None) -> str:
     """One line saying what went wrong and what to check; transport failures in words."""
     text = str(error)
@@ -91,6 +118,9 @@ def explain(error: ShardqError, endpoint: str | None) -> str:
         text = error.message
     if error.reason is not Reason.UNAVAILABLE or endpoint is None:
         return text
+    tls_hint = explain_tls(text, endpoint)
+    if tls_hint is not None:
+        return tls_hint
     if "Connection refused" in text:
         return (
             f"no shardq server at {endpoint} (connection refused): is `shardq serve` running there? "
@@ -131,8 +161,53 @@ def _use_token_file(context: click.Context, parameter: click.Parameter, value: s
         os.environ[TOKEN_FILE_ENV] = value
 
 
+def _use_environment(name: str) -> Callable[[click.Context, click.Parameter, Any], None]:
+    # Every client this process makes reads the TLS settings from the environment
+    # (shardq.tls): the options set it for them.
+    def use(context: click.Context, parameter: click.Parameter, value: Any) -> None:
+        if value:
+            os.environ[name] = "1" if value is True else str(value)
+
+    return use
+
+
+def tls_options(command: Callable[P, R]) -> Callable[P, R]:
+    """--ca-file, --tls and --tls-server-name, for servers that serve TLS."""
+    for option in (
+        click.option(
+            "--tls-server-name",
+            default=None,
+            envvar=SERVER_NAME_ENV,
+            expose_value=False,
+            callback=_use_environment(SERVER_NAME_ENV),
+            help="the name the server's certificate must carry, when --endpoint's host is not it "
+            "(a pod IP, a port-forward to 127.0.0.1)",
+        ),
+        click.option(
+            "--tls",
+            is_flag=True,
+            default=False,
+            expose_value=False,
+            callback=_use_environment(TLS_ENV),
+            help="speak TLS, checking the server's certificate against the system's trusted roots",
+        ),
+        click.option(
+            "--ca-file",
+            default=None,
+            envvar=CA_FILE_ENV,
+            expose_value=False,
+            callback=_use_environment(CA_FILE_ENV),
+            help="speak TLS, checking the server's certificate against these CA certificates (PEM)",
+        ),
+    ):
+        command = option(command)
+    return command
+
+
 def endpoint_option(command: Callable[P, R]) -> Callable[P, R]:
-    """--endpoint, and --token-file for servers that authenticate their clients."""
+    """--endpoint, --token-file for servers that authenticate their clients, and the TLS
+    options for servers that serve TLS."""
+    command = tls_options(command)
     with_token = click.option(
         "--token-file",
         default=None,

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from shardq import client_loops
 from shardq.aio import DEFAULT_ENDPOINT, AsyncClient
 from shardq.consumer import ConsumerStats, run_consumer, stop_on_signal
+from shardq.tls import ClientTls, client_tls
 from shardq.types import EntryResult, Message, QueueAttributes, ReceivedMessage, RedriveProgress, SendResult, ShardRoute
 
 T = TypeVar("T")
@@ -32,19 +33,25 @@ class Client:
         token: str | None = None,
         token_file: str | os.PathLike[str] | None = None,
         metadata: Sequence[tuple[str, str]] = (),
+        tls: ClientTls | bool | None = None,
+        ca_file: str | os.PathLike[str] | None = None,
     ) -> None:
         """`route_directly=False` for a client outside the cluster's network (it cannot
         reach the leaders' addresses): the endpoint forwards every call. `token`,
-        `token_file`, `metadata`: for servers that authenticate their clients (AsyncClient
-        says how)."""
+        `token_file`, `metadata`: for servers that authenticate their clients; `tls`,
+        `ca_file`: for servers that serve TLS (AsyncClient says how)."""
         self.endpoint = endpoint
+        # Before the loop thread is taken: a CA file that cannot be read raises here.
+        resolved_tls = client_tls(tls, ca_file)
         # uvloop when installed (SHARDQ_EVENT_LOOP=asyncio for the standard loop): a call
         # costs about a third less client CPU and latency on it. A closed Client's loop
         # thread serves the next one (client_loops says why).
         self._loop_thread = client_loops.take()
         self._loop = self._loop_thread.loop
         self._closed = False
-        self._async = self._run(self._create(endpoint, route_directly, token, token_file, tuple(metadata)))
+        self._async = self._run(
+            self._create(endpoint, route_directly, token, token_file, tuple(metadata), resolved_tls)
+        )
 
     @staticmethod
     async def _create(
@@ -53,9 +60,16 @@ class Client:
         token: str | None,
         token_file: str | os.PathLike[str] | None,
         metadata: tuple[tuple[str, str], ...],
+        tls: ClientTls | None,
     ) -> AsyncClient:
         return AsyncClient(
-            endpoint, route_directly=route_directly, token=token, token_file=token_file, metadata=metadata
+            endpoint,
+            route_directly=route_directly,
+            token=token,
+            token_file=token_file,
+            metadata=metadata,
+            # Resolved already: plaintext here means plaintext, whatever the environment says.
+            tls=tls or False,
         )
 
     def _run(self, awaitable: Awaitable[T]) -> T:

@@ -21,6 +21,7 @@ from shardq.bearer_tokens import bearer_token, with_token
 from shardq.channel_options import RESOLVE_AGAIN_WITHIN_HALF_A_SECOND
 from shardq.errors import Reason, ShardqError, Unavailable
 from shardq.status import error_from_rpc
+from shardq.tls import blocking_channel, client_tls
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -106,20 +107,20 @@ class ExportConnection:
         self._stubs: dict[str, export_pb2_grpc.ExportServiceStub] = {}
         self._endpoint = endpoint
         self._leaders: dict[tuple[str, int], str] = {}
-        # For servers that authenticate their clients: SHARDQ_TOKEN_FILE (set it on the
-        # executors too, e.g. spark.executorEnv.SHARDQ_TOKEN_FILE).
+        # For servers that authenticate their clients: SHARDQ_TOKEN_FILE; for servers that
+        # serve TLS: SHARDQ_CA_FILE or SHARDQ_TLS (set them on the executors too, e.g.
+        # spark.executorEnv.SHARDQ_CA_FILE).
         self._token = bearer_token()
+        self._tls = client_tls()
 
     def _stub(self, queue: str, shard: int) -> export_pb2_grpc.ExportServiceStub:
         endpoint = self._leaders.get((queue, shard), self._endpoint)
         stub = self._stubs.get(endpoint)
         if stub is None:
-            channel = self._channels[endpoint] = grpc.insecure_channel(
+            channel = self._channels[endpoint] = blocking_channel(
                 endpoint,
-                options=[
-                    ("grpc.max_receive_message_length", _MAX_RECEIVE_BYTES),
-                    RESOLVE_AGAIN_WITHIN_HALF_A_SECOND,
-                ],
+                self._tls,
+                [("grpc.max_receive_message_length", _MAX_RECEIVE_BYTES), RESOLVE_AGAIN_WITHIN_HALF_A_SECOND],
             )
             stub = self._stubs[endpoint] = with_token(export_pb2_grpc.ExportServiceStub(channel), self._token)
         return stub
