@@ -14,12 +14,14 @@ import yaml
 from shard_server.logs import configure_logging
 from shard_server.runtime.client_access import OPEN_ACCESS, ClientAccess, ReviewedAccess
 from shard_server.runtime.idle_polling import check_window, cpus_to_spin_on
+from shard_server.runtime.serving_tls import ServingCertificate, TlsFiles
 from shard_server.server import ServerSettings, serve
 from shardq import event_loops
 from shardq.coordination.cluster_map import cluster_map_from_text, read_cluster_map
 from shardq.coordination.leases import LeaseStore
 from shardq.coordination.peer_credentials import NO_PEER_SECRET, read_peer_secret
 from shardq.durations import parse_duration_ms
+from shardq.errors import InvalidArgument
 
 if TYPE_CHECKING:
     from shard_server.runtime.kubernetes_reviews import KubernetesReviews
@@ -196,6 +198,32 @@ class ByteSize(click.ParamType[int]):
     help="with --client-auth kubernetes: the audience clients' tokens must be issued for",
 )
 @click.option(
+    "--tls-cert-file",
+    type=click.Path(dir_okay=False, path_type=pathlib.Path),
+    default=None,
+    help="serve TLS on the gRPC and metrics ports with this PEM certificate (chain); read again when it changes",
+)
+@click.option(
+    "--tls-key-file",
+    type=click.Path(dir_okay=False, path_type=pathlib.Path),
+    default=None,
+    help="the private key of --tls-cert-file (PEM)",
+)
+@click.option(
+    "--tls-ca-file",
+    type=click.Path(dir_okay=False, path_type=pathlib.Path),
+    default=None,
+    help="with --tls-cert-file: the CA certificates (PEM) this server checks its peers' certificates against "
+    "(default: the system's trusted roots)",
+)
+@click.option(
+    "--health-port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    help="also serve grpc.health.v1 alone, in plaintext, on this port: for probes that cannot speak TLS "
+    "(the kubelet's gRPC probe)",
+)
+@click.option(
     "--idle-poll-cpus",
     type=click.IntRange(min=1),
     default=None,
@@ -228,6 +256,10 @@ def serve_command(
     peer_secret_file: pathlib.Path | None,
     client_auth: str,
     token_audience: str,
+    tls_cert_file: pathlib.Path | None,
+    tls_key_file: pathlib.Path | None,
+    tls_ca_file: pathlib.Path | None,
+    health_port: int | None,
 ) -> None:
     """Run a shard server hosting the given queues (or its replicas of a cluster's queues)."""
     cluster = None
@@ -256,6 +288,7 @@ def serve_command(
         credential = NO_PEER_SECRET if peer_secret_file is None else read_peer_secret(peer_secret_file)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
+    tls = serving_tls_files(tls_cert_file, tls_key_file, tls_ca_file)
     if cluster is not None and (not server_id or lease_store is None):
         raise click.UsageError("--cluster-file needs --server-id and --lease-store")
     uses_kubernetes = KUBERNETES in (lease_store, client_auth)
@@ -323,6 +356,8 @@ def serve_command(
             idle_poll_cpus=idle_poll_cpus,
             peer_credential=credential,
             client_access=access,
+            tls=tls,
+            health_port=health_port,
         )
         try:
             event_loops.run(serve(settings), choice=loop)
@@ -331,6 +366,25 @@ def serve_command(
 
 
 KUBERNETES = "kubernetes"
+
+
+def serving_tls_files(cert: pathlib.Path | None, key: pathlib.Path | None, ca: pathlib.Path | None) -> TlsFiles | None:
+    """The TLS files given, checked now: a pair that does not load stops the start, named."""
+    if cert is None and key is None:
+        if ca is not None:
+            raise click.UsageError("--tls-ca-file goes with --tls-cert-file and --tls-key-file")
+        return None
+    if cert is None or key is None:
+        raise click.UsageError("--tls-cert-file and --tls-key-file go together")
+    files = TlsFiles(cert=cert, key=key, ca=ca)
+    try:
+        ServingCertificate(files)
+        files.peer_tls()
+    except InvalidArgument as error:
+        raise click.ClickException(error.message) from None
+    return files
+
+
 # Where a pod finds its own namespace.
 SERVICE_ACCOUNT_NAMESPACE = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 

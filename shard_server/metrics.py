@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import platform
+import ssl
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import metadata
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -329,9 +331,42 @@ class _MetricsHandler(BaseHTTPRequestHandler):
         """Scrapes are not worth a log line each."""
 
 
-def start_metrics_server(host: str, port: int) -> ThreadingHTTPServer:
-    """Serve /metrics (and only that path) from a daemon thread."""
-    server = ThreadingHTTPServer((host, port), _MetricsHandler)
+# A scraper that connects and says nothing holds one thread this long, no longer.
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
+
+
+class _TlsMetricsServer(ThreadingHTTPServer):
+    """/metrics over TLS: each connection's handshake runs on its own thread (not the
+    accepting one, which a silent client would stall), with the certificate of the moment."""
+
+    def __init__(self, address: tuple[str, int], ssl_context: Callable[[], ssl.SSLContext]) -> None:
+        super().__init__(address, _MetricsHandler)
+        self.ssl_context = ssl_context
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        request.settimeout(TLS_HANDSHAKE_TIMEOUT_S)
+        try:
+            secured = self.ssl_context().wrap_socket(request, server_side=True)
+        except OSError:
+            return  # plaintext, a wrong handshake or silence: the connection just closes
+        try:
+            super().finish_request(secured, client_address)
+        except OSError:
+            pass  # the scraper went away mid-answer
+        finally:
+            secured.close()
+
+
+def start_metrics_server(
+    host: str, port: int, ssl_context: Callable[[], ssl.SSLContext] | None = None
+) -> ThreadingHTTPServer:
+    """Serve /metrics (and only that path) from a daemon thread; over TLS with `ssl_context`
+    (asked at each connection, so a renewed certificate is served as soon as it loads)."""
+    server = (
+        ThreadingHTTPServer((host, port), _MetricsHandler)
+        if ssl_context is None
+        else _TlsMetricsServer((host, port), ssl_context)
+    )
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return server

@@ -28,6 +28,7 @@ from shard_server.runtime.queue_hosts import QueueHost
 from shard_server.runtime.readiness import announce_ready, report_ready_once_in_sync
 from shard_server.runtime.replication.peers import PeerChannels
 from shard_server.runtime.replication.replicas import Replicas
+from shard_server.runtime.serving_tls import ServingCertificate, TlsFiles
 from shard_server.service.decoding import RejectingUndecodable
 from shard_server.service.exporting import ExportServicer
 from shard_server.service.observing import ObservingInterceptor
@@ -94,19 +95,46 @@ class ServerSettings:
     # Who may call: every client (OPEN_ACCESS), or those the cluster authenticates and
     # authorises per queue and verb (runtime.client_access, --client-auth kubernetes).
     client_access: ClientAccess = OPEN_ACCESS
+    # TLS on the gRPC and metrics ports, and to peers (runtime.serving_tls); None: plaintext.
+    tls: TlsFiles | None = None
+    # A plaintext port serving only grpc.health.v1, for probes that cannot speak TLS
+    # (the kubelet's gRPC probe); None: none.
+    health_port: int | None = None
 
 
-def _can_bind(settings: ServerSettings) -> bool:
-    if settings.port == 0:
+def _can_bind(host: str, port: int) -> bool:
+    if port == 0:
         return True
     try:
-        family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
-            probe.bind((settings.host, settings.port))
+            probe.bind((host, port))
     except OSError:
         return False
     return True
+
+
+def _listen(server: grpc.aio.Server, host: str, port: int, option: str, tls: ServingCertificate | None) -> int:
+    """Open `port` on `server` (over TLS with `tls`), or exit naming `option`."""
+    address = f"{host}:{port}"
+    bound = 0
+    try:
+        # Checked first: gRPC's own failure is a log line from its C core, then an exception.
+        if _can_bind(host, port):
+            bound = (
+                server.add_insecure_port(address)
+                if tls is None
+                else server.add_secure_port(address, tls.grpc_credentials())
+            )
+    except RuntimeError:
+        bound = 0  # newer grpc raises where older ones returned 0
+    if bound == 0:
+        raise SystemExit(
+            f"shardq: cannot listen on {address}: the port is in use or the address is not "
+            f"this machine's; choose another {option} or --host"
+        )
+    return bound
 
 
 def _keep_cpus_awake(idle_polling: IdlePolling, calls: CallsInProgress) -> None:
@@ -124,12 +152,16 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
     router: Router | None = None
     peers: PeerChannels | None = None
     replicas: Replicas | None = None
+    serving_certificate = None if settings.tls is None else ServingCertificate(settings.tls)
+    peer_tls = None if settings.tls is None else settings.tls.peer_tls()
     if settings.cluster is not None:
         if leases is None or settings.server_id not in settings.cluster.servers:
             raise SystemExit("shardq: cluster mode needs --lease-store and a --server-id listed in the cluster file")
-        router = Router(settings.cluster, leases, server_id=settings.server_id, credential=settings.peer_credential)
+        router = Router(
+            settings.cluster, leases, server_id=settings.server_id, credential=settings.peer_credential, tls=peer_tls
+        )
         router.refresh()
-        peers = PeerChannels(settings.cluster, credential=settings.peer_credential)
+        peers = PeerChannels(settings.cluster, credential=settings.peer_credential, tls=peer_tls)
         if settings.peer_credential.secret is None and settings.client_access.enforced:
             # Servers forward clients' calls to leaders, which take them as a peer's: without
             # a secret, any client could mark its call forwarded and pass unauthenticated.
@@ -204,16 +236,13 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
     if gate_readiness:
         await health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
     reflection.enable_server_reflection(service_names, server)
-    try:
-        # Checked first: gRPC's own failure is a log line from its C core, then an exception.
-        port = server.add_insecure_port(f"{settings.host}:{settings.port}") if _can_bind(settings) else 0
-    except RuntimeError:
-        port = 0  # newer grpc raises where older ones returned 0
-    if port == 0:
-        raise SystemExit(
-            f"shardq: cannot listen on {settings.host}:{settings.port}: the port is in use or the address is not "
-            "this machine's; choose another --port or --host"
-        )
+    port = _listen(server, settings.host, settings.port, "--port", serving_certificate)
+    health_server = None
+    if settings.health_port is not None:
+        # The same servicer: this port says exactly what the main port's health says.
+        health_server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
+        _listen(health_server, settings.host, settings.health_port, "--health-port", None)
     host.advertised_address = f"{settings.host}:{port}"
     if replication_servicer is not None:
         replication_servicer.address = host.advertised_address
@@ -228,7 +257,11 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
     metrics_server = None
     if settings.metrics_port is not None:
         try:
-            metrics_server = metrics.start_metrics_server(settings.host, settings.metrics_port)
+            metrics_server = metrics.start_metrics_server(
+                settings.host,
+                settings.metrics_port,
+                None if serving_certificate is None else serving_certificate.ssl_context,
+            )
         except OSError as error:
             raise SystemExit(
                 f"shardq: cannot serve metrics on {settings.host}:{settings.metrics_port}: {error.strerror}; "
@@ -261,9 +294,15 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
                 admin.map_file = ClusterMapFile(settings.cluster_file, leases, now_ms=wall_clock_ms)
                 admin.follower = follower
     await server.start()
+    if health_server is not None:
+        await health_server.start()
     for name in service_names:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     metrics_note = f", metrics on {settings.host}:{settings.metrics_port}" if settings.metrics_port is not None else ""
+    if serving_certificate is not None:
+        metrics_note += f", TLS with {serving_certificate.files.cert}"
+    if settings.health_port is not None:
+        metrics_note += f", health (plaintext) on {settings.host}:{settings.health_port}"
     # The loop (`--event-loop`) is named once serving, so a start that fails says one thing only.
     log.info(
         "serving %s on %s%s, event loop %s, %s",
@@ -298,6 +337,8 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
             handed = await replicas.hand_off_all()
             log.info("handed leadership of %d shards to in-sync followers", handed)
         await server.stop(SHUTDOWN_GRACE_S)
+        if health_server is not None:
+            await health_server.stop(None)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -27,6 +27,7 @@ from shardq.coordination.placement import ShardId
 from shardq.errors import Reason, ShardqError, Unavailable
 from shardq.receive_shares import split_shares
 from shardq.status import answered_by_shardq, build_error, error_from_rpc, never_sent, unknown_if_sent
+from shardq.tls import ClientTls, aio_channel
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +74,12 @@ class Router:
         *,
         server_id: str,
         credential: PeerCredential = NO_PEER_SECRET,
+        tls: ClientTls | None = None,
     ) -> None:
         self.cluster = cluster
         self.server_id = server_id
+        # How other leaders are reached: over TLS when the servers serve it.
+        self.tls = tls
         # What every call to another leader carries: the forwarded mark and the peer secret.
         self.forwarded_metadata = FORWARDED + credential.metadata
         self._leases = leases
@@ -112,10 +116,7 @@ class Router:
             server = self.cluster.servers.get(server_id)
             if server is None:  # a lease names a server the map no longer lists (scaled in)
                 raise Unavailable(f"server {server_id!r} leads the shard but is not in the cluster map")
-            channel = grpc.aio.insecure_channel(
-                server.address,
-                options=PEER_CHANNEL_OPTIONS,
-            )
+            channel = aio_channel(server.address, self.tls, PEER_CHANNEL_OPTIONS)
             self._channels.append(channel)
             stub = self._stubs[server_id] = queue_pb2_grpc.QueueServiceStub(channel)
         return stub
