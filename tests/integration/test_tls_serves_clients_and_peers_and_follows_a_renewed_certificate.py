@@ -33,7 +33,8 @@ from shardq import Client, Message
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc, replication_pb2, replication_pb2_grpc
 from shardq.coordination.peer_credentials import PEER_SECRET_HEADER, new_peer_secret, write_peer_secret
 from shardq.errors import OutcomeUnknown, Unavailable
-from shardq.tls import ClientTls
+from shardq.spark.exporting import ExportConnection
+from shardq.tls import CA_FILE_ENV, ClientTls
 from tests.support.clusters import Cluster, every_shard_led, running
 from tests.support.ports import free_port
 from tests.support.servers import ServerProcess, stored_count, wait_for
@@ -374,3 +375,23 @@ def _answers(client: Client) -> bool | None:
     except Unavailable:
         return None
     return True
+
+
+@pytest.mark.timeout(120)
+def test_the_spark_sources_connection_reads_over_tls_with_the_ca_the_environment_names(
+    tls_server: ServerProcess, secret_dir: MountedSecret, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ca = secret_dir.path("ca.crt")
+    with Client(tls_server.endpoint, ca_file=ca) as client:
+        sent = {result.message_id for result in client.send_messages(QUEUE, [Message(b"a"), Message(b"b")])}
+
+    def exported() -> set[str]:
+        with ExportConnection(tls_server.endpoint, rpc_timeout_seconds=5, retry_seconds=2) as connection:
+            batches = connection.message_batches(queue=QUEUE, shard=0, include_body=False, batch_size=100)
+            return {message.message_id for batch in batches for message in batch.messages}
+
+    monkeypatch.setenv(CA_FILE_ENV, str(ca))  # what spark.executorEnv.SHARDQ_CA_FILE sets
+    assert exported() == sent
+    monkeypatch.delenv(CA_FILE_ENV)
+    with pytest.raises(Unavailable):
+        exported()
