@@ -55,6 +55,7 @@ import grpc  # noqa: E402
 from shardq import event_loops  # noqa: E402
 from shardq.aio import CHANNEL_OPTIONS, AsyncClient  # noqa: E402
 from shardq.errors import ShardqError  # noqa: E402
+from shardq.tls import CA_FILE_ENV, aio_channel, client_tls  # noqa: E402
 from shardq.types import Message, ReceivedMessage  # noqa: E402
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -264,7 +265,7 @@ class CommitTotals:
 
 
 def commit_totals(metrics_url: str) -> CommitTotals:
-    found = samples(scrape_text(metrics_url))
+    found = samples(scrape_text(metrics_url, os.environ.get(CA_FILE_ENV)))
     return CommitTotals(
         sum(values(found, "shardq_commit_duration_seconds_count")),
         sum(values(found, "shardq_commit_duration_seconds_sum")),
@@ -281,10 +282,12 @@ def split_evenly(total: int, parts: int) -> list[int]:
 
 
 async def connect(endpoint: str) -> AsyncClient:
-    """An AsyncClient on its own channel, connected before the clock starts."""
-    channel = grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
+    """An AsyncClient on its own channel, connected before the clock starts; over TLS
+    when the environment says so (SHARDQ_CA_FILE, as for any client)."""
+    tls = client_tls()
+    channel = aio_channel(endpoint, tls, CHANNEL_OPTIONS)
     await asyncio.wait_for(channel.channel_ready(), timeout=30)
-    return AsyncClient(endpoint, channel=channel)
+    return AsyncClient(endpoint, channel=channel, tls=tls or False)
 
 
 async def run_send_phase(spec: PhaseSpec) -> dict[str, Any]:
@@ -571,7 +574,9 @@ def start_server(
     if metrics:
         port = free_port()
         extra_args = (*extra_args, "--metrics-port", str(port))
-        metrics_url = f"http://127.0.0.1:{port}/metrics"
+        # A server given a certificate serves its metrics over TLS too.
+        tls = any(arg.startswith("--tls-cert-file") for arg in extra_args)
+        metrics_url = f"{'https' if tls else 'http'}://127.0.0.1:{port}/metrics"
     log_path = data_dir.parent / "server.log"
     command = [sys.executable]
     if profile_path is not None:

@@ -73,6 +73,7 @@ from shardq import event_loops
 from shardq.aio import AsyncClient
 from shardq.consumer import run_consumer
 from shardq.consumer_streams import ConsumerStream
+from shardq.tls import CA_FILE_ENV
 from shardq.types import Message, ReceivedMessage
 
 MAX_SECONDS = 20.0
@@ -480,6 +481,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=event_loops.AUTO,
         help="this process's event loop (the server's: --server-arg=--event-loop=asyncio)",
     )
+    parser.add_argument(
+        "--ca-file",
+        default=None,
+        help="speak TLS, trusting these CA certificates (with --server-arg=--tls-cert-file=... and "
+        "--server-arg=--tls-key-file=...)",
+    )
     parser.add_argument("--label", default="default", help="names the output file latency-LABEL.json")
     parser.add_argument("--out", type=pathlib.Path, default=None, help="directory to write latency-LABEL.json")
     parser.add_argument("--plot", action="store_true", help="with --out, also latency-LABEL.png: p50s and rates")
@@ -517,6 +524,9 @@ def measure_on_fresh_server(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.ca_file:
+        # Read by every client this process and its workers make (shardq.tls).
+        os.environ[CA_FILE_ENV] = args.ca_file
     runs = []
     loads: list[list[float]] = []
     for number in range(args.runs):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -11,8 +12,10 @@ from tests.support.clusters import SERVERS, Cluster
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-def scrape_text(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as response:
+def scrape_text(url: str, ca_file: str | None = None) -> str:
+    """The exposition at `url`; an https URL is checked against `ca_file`."""
+    context = ssl.create_default_context(cafile=ca_file) if url.startswith("https:") else None
+    with urllib.request.urlopen(url, timeout=5, context=context) as response:
         text: str = response.read().decode()
     return text
 
