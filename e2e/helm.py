@@ -25,6 +25,7 @@ EVERY_SWITCH = (
     "queues[0].name=audit",
     "queues[0].spec.fifo=true",
     "cluster.clientAuthentication.mode=kubernetes",
+    "cluster.tls.secretName=shardq-tls",
 )
 
 

@@ -38,7 +38,10 @@ HTTP_TIMEOUT_S = 10.0
 # The PodMonitor fields the translation understands; any other is refused rather than
 # silently dropped (it would scrape something else than the Prometheus Operator does).
 SELECTOR_FIELDS = {"matchLabels"}
-ENDPOINT_FIELDS = {"port", "path", "interval", "relabelings"}
+ENDPOINT_FIELDS = {"port", "path", "interval", "relabelings", "scheme", "tlsConfig"}
+TLS_CONFIG_FIELDS = {"ca", "serverName"}
+# Where the Prometheus Operator mounts the Secrets a monitor's tlsConfig names.
+OPERATOR_CERTS_DIR = "/etc/prometheus/certs"
 RELABELING_FIELDS = {
     "sourceLabels": "source_labels",
     "separator": "separator",
@@ -131,8 +134,26 @@ def build_scrape_config(pod_monitor: Manifest, index: int) -> Manifest:
     if "interval" in endpoint:
         config["scrape_interval"] = endpoint["interval"]
     config["metrics_path"] = endpoint.get("path", "/metrics")
+    if "scheme" in endpoint:
+        config["scheme"] = endpoint["scheme"]
+    if "tlsConfig" in endpoint:
+        config["tls_config"] = _tls_config(f"PodMonitor {name} endpoint {index}", namespace, endpoint["tlsConfig"])
     config["kubernetes_sd_configs"] = [discovery]
     config["relabel_configs"] = relabelings
+    return config
+
+
+def _tls_config(what: str, namespace: str, tls: Manifest) -> Manifest:
+    """A PodMonitor endpoint's tlsConfig as the Prometheus Operator writes it: a CA from a
+    Secret (of the monitor's namespace) becomes the file it mounts that key at."""
+    _refuse_unknown(f"{what} tlsConfig", tls, TLS_CONFIG_FIELDS)
+    config: Manifest = {}
+    if "ca" in tls:
+        _refuse_unknown(f"{what} tlsConfig.ca", tls["ca"], {"secret"})
+        secret = tls["ca"]["secret"]
+        config["ca_file"] = f"{OPERATOR_CERTS_DIR}/secret_{namespace}_{secret['name']}_{secret['key']}"
+    if "serverName" in tls:
+        config["server_name"] = tls["serverName"]
     return config
 
 
@@ -339,6 +360,8 @@ def wait_for_alert(
 README_RELEASE = "shardq"
 README_NAMESPACE = "shardq-system"
 README_VALUES = ("monitoring.podMonitor.enabled=true",)
+# ...and the servers' jobs when the chart's cluster serves TLS (the README's https variant).
+README_TLS_VALUES = (*README_VALUES, "cluster.tls.secretName=shardq-tls")
 
 
 def readme_scrape_config(manifests: Sequence[Manifest]) -> str:
@@ -346,11 +369,25 @@ def readme_scrape_config(manifests: Sequence[Manifest]) -> str:
     return dump_config({"scrape_configs": build_scrape_configs(manifests)})
 
 
+def readme_tls_scrape_config(manifests: Sequence[Manifest]) -> str:
+    """The README's https variant: the servers' scrape configs only (the operator's job is
+    the same either way)."""
+    servers = [config for config in build_scrape_configs(manifests) if "-servers/" in config["job_name"]]
+    return dump_config({"scrape_configs": servers})
+
+
 def main() -> None:
-    """Print the README's scrape configuration block (e2e/controlplane/build.sh's helm)."""
+    """Print the README's scrape configuration block (e2e/controlplane/build.sh's helm);
+    with --tls, its https variant."""
+    import sys
+
     from e2e.binaries import locate_binaries
     from e2e.helm import render
 
+    if sys.argv[1:] == ["--tls"]:
+        manifests = render(locate_binaries(), *README_TLS_VALUES, namespace=README_NAMESPACE, release=README_RELEASE)
+        print(readme_tls_scrape_config(manifests), end="")
+        return
     manifests = render(locate_binaries(), *README_VALUES, namespace=README_NAMESPACE, release=README_RELEASE)
     print(readme_scrape_config(manifests), end="")
 

@@ -7,15 +7,21 @@ with retainOnDelete): the operator's leader Lease and the kept `helm test` Pod g
 The cluster authenticates its clients (clientAuthentication kubernetes): `helm test`'s
 Pod shows a projected ServiceAccount token, a call without one is refused, the operator's
 own calls (a Queue's deletion asks every server) pass on the cluster's peer secret, and
-the servers' ClusterRoleBinding for token reviews goes with the cluster.
+the servers' ClusterRoleBinding for token reviews goes with the cluster. It serves TLS
+(cluster.tls, a kubernetes.io/tls Secret made before the install, as cert-manager would):
+the kubelet probes the plaintext health port, `helm test` passes trusting the Secret's
+CA, a plaintext call to the client Service is refused, and the operator's own calls
+(by pod IP, checking each server's peers' name against the CA it reads) go through.
 Before that, Queues made by hand make `helm uninstall` refuse, deleting nothing and
 naming them, until they are deleted or the release is set to leave them unserved."""
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,11 +29,13 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e.binaries import Binaries
+from e2e.certificates import issue_serving_certificates
 from e2e.helm import CHART, helm
 from e2e.polling import wait_for
 from e2e.realnode import RunningNode
 from shardq import Client
-from shardq.errors import Unauthenticated
+from shardq.errors import Unauthenticated, Unavailable
+from shardq.tls import ClientTls
 
 pytestmark = [pytest.mark.realnode, pytest.mark.timeout(600)]
 
@@ -37,6 +45,7 @@ RELEASE = "shardq"
 ON_OURS, ELSEWHERE = "made-by-hand", "on-another-cluster"
 READY_S = 240.0
 SERVERS = 3
+TLS_SECRET = "shardq-tls"
 
 
 def timed(what: str, started: float) -> None:
@@ -139,6 +148,26 @@ def leave_others_made_by_hand(api: client.ApiClient, binaries: Binaries, kube: t
     assert upgraded.returncode == 0, upgraded.stderr
 
 
+def why_not_ready(api: client.ApiClient, namespace: str) -> str:
+    """What the cluster and its servers say when they do not get ready: its conditions, each
+    server pod's state, and the end of one's log."""
+    core = client.CoreV1Api(api)
+    lines = [
+        f"{cluster['metadata']['name']}: {cluster.get('status', {}).get('conditions')}"
+        for cluster in custom_objects(api, namespace, "shardqclusters")
+    ]
+    pods = core.list_namespaced_pod(namespace, label_selector="app.kubernetes.io/name=shardq-server").items
+    for pod in pods:
+        states = [(s.state, s.restart_count) for s in pod.status.container_statuses or []]
+        lines.append(f"{pod.metadata.name}: {pod.status.phase} {states}")
+    for pod in pods[:1]:
+        try:
+            lines.append(core.read_namespaced_pod_log(pod.metadata.name, namespace, tail_lines=30))
+        except ApiException as error:
+            lines.append(f"no log of {pod.metadata.name}: {error.reason}")
+    return "\n".join(lines)
+
+
 def release_cluster_objects(api: client.ApiClient, release: str = RELEASE) -> list[str]:
     rbac = client.RbacAuthorizationV1Api(api)
     selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/managed-by=Helm"
@@ -151,8 +180,30 @@ def release_cluster_objects(api: client.ApiClient, release: str = RELEASE) -> li
     )
 
 
+def make_tls_secret(api: client.ApiClient, namespace: str, directory: Path) -> bytes:
+    """The Secret the chart's cluster serves TLS with, for the names its servers are
+    called by (the README's "TLS"), as cert-manager writes one; its CA certificate."""
+    certificates = issue_serving_certificates(
+        directory,
+        dns_names=[
+            f"*.default-shardq-peers.{namespace}.svc.cluster.local",
+            f"default-shardq.{namespace}.svc.cluster.local",
+        ],
+    )
+    data = {"tls.crt": certificates.cert, "tls.key": certificates.key, "ca.crt": certificates.ca}
+    client.CoreV1Api(api).create_namespaced_secret(
+        namespace,
+        client.V1Secret(
+            metadata=client.V1ObjectMeta(name=TLS_SECRET),
+            type="kubernetes.io/tls",
+            data={key: base64.b64encode(path.read_bytes()).decode() for key, path in data.items()},
+        ),
+    )
+    return certificates.ca.read_bytes()
+
+
 def test_the_chart_installs_serves_passes_helm_test_and_uninstalls_cleanly(
-    real_node: RunningNode, node_namespace: str, binaries: Binaries
+    real_node: RunningNode, node_namespace: str, binaries: Binaries, tmp_path: Path
 ) -> None:
     info = real_node.info
     namespace = node_namespace
@@ -168,6 +219,7 @@ def test_the_chart_installs_serves_passes_helm_test_and_uninstalls_cleanly(
         "cluster.storage.size=100Mi",
         "examples.enabled=true",
         "cluster.clientAuthentication.mode=kubernetes",
+        f"cluster.tls.secretName={TLS_SECRET}",
         # Only this namespace: tests sharing the node run their own operators elsewhere.
         f"operator.watchNamespaces={{{namespace}}}",
     )
@@ -179,6 +231,8 @@ def test_the_chart_installs_serves_passes_helm_test_and_uninstalls_cleanly(
     assert "/operator/replicas" in refused.stderr, refused.stderr
     assert "wrong" not in helm(binaries, "list", "--short", *kube).stdout
 
+    with info.api_client() as api:
+        ca = make_tls_secret(api, namespace, tmp_path / "tls")
     try:
         started = time.monotonic()
         installed = helm(binaries, "install", RELEASE, CHART, *kube, *sets, "--wait", "--timeout", "4m", timeout=300)
@@ -209,6 +263,7 @@ def test_the_chart_installs_serves_passes_helm_test_and_uninstalls_cleanly(
                 lambda: ready_queues(api, namespace) >= {"orders", "orders-dlq", "helm-test"} or None,
                 timeout=READY_S,
                 what="the example and test Queues Ready with every replica in sync",
+                explain=lambda: why_not_ready(api, namespace),
             )
             assert ready
             timed("the chart's ShardqCluster and example Queues Ready", started)
@@ -228,9 +283,22 @@ def test_the_chart_installs_serves_passes_helm_test_and_uninstalls_cleanly(
             assert tested.returncode == 0, tested.stdout + tested.stderr
             assert "PASS: sent, received and deleted message" in tested.stdout, tested.stdout
             print(f"chart on the real node: helm test took {time.monotonic() - tested_at:.1f}s")
-            # Without a token, even from where the pods are reachable, nothing is served.
+            # The kubelet probes the plaintext health-only port; the Secret is mounted.
             server = core.read_namespaced_pod("default-shardq-0", namespace)
-            anonymous = Client(f"{server.status.pod_ip}:7600", route_directly=False)
+            (container,) = server.spec.containers
+            assert container.readiness_probe.grpc.port == 7602
+            assert [v.secret.secret_name for v in server.spec.volumes if v.secret and v.name == "tls"] == [TLS_SECRET]
+            # In plaintext the client Service (its ClusterIP, from the node) serves nothing.
+            service = core.read_namespaced_service("default-shardq", namespace)
+            plaintext = Client(f"{service.spec.cluster_ip}:7600", route_directly=False, tls=False)
+            with plaintext, pytest.raises(Unavailable):
+                plaintext.list_queues()
+            # Over TLS but without a token, even from where the pods are reachable, nothing is
+            # served. (Checked for the server's peers' name: the operator calls pods so too.)
+            tls = ClientTls(
+                root_certificates=ca, server_name=f"default-shardq-0.default-shardq-peers.{namespace}.svc.cluster.local"
+            )
+            anonymous = Client(f"{server.status.pod_ip}:7600", route_directly=False, tls=tls)
             with anonymous, pytest.raises(Unauthenticated):
                 anonymous.list_queues()
             binding = f"shardq:{namespace}:default:auth-delegator"

@@ -118,6 +118,9 @@ def test_a_peer_key_of_the_users_replaces_the_one_the_chart_makes(binaries: Bina
             "cluster.clientAuthentication.mode=kubernetes",
             {("ServiceAccount", "shardq-test"), ("Role", "shardq-test"), ("RoleBinding", "shardq-test")},
         ),
+        # TLS changes what is rendered (the cluster's spec, the test Pod), adds nothing:
+        # the Secret is the user's (or cert-manager's).
+        ("cluster.tls.secretName=shardq-tls", set()),
     ],
 )
 def test_each_switch_adds_exactly_its_resources(binaries: Binaries, switch: str, added: set[tuple[str, str]]) -> None:
@@ -158,6 +161,7 @@ def test_every_switch_renders_a_cluster_queues_and_monitoring_from_values(binari
     assert cluster["spec"]["storage"] == {"size": "20Gi", "retainOnDelete": True}
     assert cluster["spec"]["image"] == "localhost/shardq:0.1.0"
     assert cluster["spec"]["clientAuthentication"] == {"mode": "kubernetes", "audience": "shardq"}
+    assert cluster["spec"]["tls"] == {"secretName": "shardq-tls"}
     queues = {m["metadata"]["name"]: m["spec"] for m in manifests if m["kind"] == "Queue"}
     assert queues["orders"]["redrivePolicy"] == {"deadLetterQueue": "orders-dlq", "maxReceiveCount": 5}
     assert queues["audit"] == {"cluster": "default", "fifo": True}
@@ -236,6 +240,42 @@ def test_the_helm_test_pod_sends_with_a_token_for_the_clusters_audience_when_cli
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "shardq-test", "namespace": NAMESPACE}]
 
 
+def test_the_helm_test_pod_trusts_the_clusters_ca_when_it_serves_tls(binaries: Binaries) -> None:
+    plain = only(render(binaries, "cluster.create=true"), "Pod")["spec"]
+    assert "SHARDQ_CA_FILE" not in str(plain)
+    assert "tls" not in only(render(binaries, "cluster.create=true"), "ShardqCluster")["spec"]
+
+    manifests = render(binaries, "cluster.create=true", "cluster.tls.secretName=shardq-tls", namespace=NAMESPACE)
+    assert only(manifests, "ShardqCluster")["spec"]["tls"] == {"secretName": "shardq-tls"}
+    pod = only(manifests, "Pod")["spec"]
+    (container,) = pod["containers"]
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    path = env["SHARDQ_CA_FILE"]
+    (mount,) = [mount for mount in container["volumeMounts"] if path.startswith(mount["mountPath"] + "/")]
+    assert mount["readOnly"] is True
+    (volume,) = [volume for volume in pod["volumes"] if volume["name"] == mount["name"]]
+    # The CA only: the test Pod never sees the servers' key.
+    assert volume["secret"]["secretName"] == "shardq-tls"
+    assert volume["secret"]["items"] == [{"key": "ca.crt", "path": path.removeprefix(mount["mountPath"] + "/")}]
+    # Readable by the Pod's user (65534), which owns no file of the volume.
+    assert volume["secret"]["defaultMode"] & 0o004
+    # It calls the client Service by the name the certificate carries: no server name override.
+    assert env["ENDPOINT"] == f"default-shardq.{NAMESPACE}.svc.cluster.local:7600"
+    assert "SHARDQ_TLS_SERVER_NAME" not in env
+    # A token too, when the cluster also authenticates its clients.
+    both = only(
+        render(
+            binaries,
+            "cluster.create=true",
+            "cluster.tls.secretName=shardq-tls",
+            "cluster.clientAuthentication.mode=kubernetes",
+        ),
+        "Pod",
+    )["spec"]
+    assert {volume["name"] for volume in both["volumes"]} == {"shardq-token", "shardq-ca"}
+    assert {"SHARDQ_TOKEN_FILE", "SHARDQ_CA_FILE"} <= {item["name"] for item in both["containers"][0]["env"]}
+
+
 def test_each_alert_can_be_turned_off_alone(binaries: Binaries) -> None:
     keys = {
         "ShardqDeadLetters": "deadLetters",
@@ -291,6 +331,8 @@ def test_watching_named_namespaces_binds_the_rights_there_only(binaries: Binarie
         ("cluster.clientAuthentication.mode=tls", "/cluster/clientAuthentication/mode"),
         ("cluster.clientAuthentication.audience=", "/cluster/clientAuthentication/audience"),
         ("cluster.clientAuthentication.audience=two words", "/cluster/clientAuthentication/audience"),
+        ("cluster.tls.secretName=Not_A_Name", "/cluster/tls/secretName"),
+        ("cluster.tls.secret=shardq-tls", "'secret' not allowed"),
         ("monitoring.podMonitor.enable=true", "'enable' not allowed"),
         (
             "monitoring.prometheusRule.alerts.queueFull.severity=page",

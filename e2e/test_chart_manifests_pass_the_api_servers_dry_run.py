@@ -52,6 +52,20 @@ _RELABELING = {
         },
     },
 }  # fmt: skip
+_KEY_SELECTOR = {
+    "type": "object",
+    "required": ["key"],
+    "properties": {"name": {"type": "string"}, "key": {"type": "string"}, "optional": {"type": "boolean"}},
+}
+# SafeTLSConfig, as a PodMonitor endpoint's tlsConfig is typed upstream (the fields the chart may use).
+_SAFE_TLS_CONFIG = {
+    "type": "object",
+    "properties": {
+        "ca": {"type": "object", "properties": {"secret": _KEY_SELECTOR, "configMap": _KEY_SELECTOR}},
+        "serverName": {"type": "string"},
+        "insecureSkipVerify": {"type": "boolean"},
+    },
+}
 _POD_MONITOR_SPEC = {
     "type": "object",
     "required": ["selector", "podMetricsEndpoints"],
@@ -72,6 +86,7 @@ _POD_MONITOR_SPEC = {
                     "port": {"type": "string"},
                     "path": {"type": "string"},
                     "scheme": {"type": "string", "enum": ["http", "https"]},
+                    "tlsConfig": _SAFE_TLS_CONFIG,
                     "interval": _DURATION,
                     "scrapeTimeout": _DURATION,
                     "honorLabels": {"type": "boolean"},
@@ -288,6 +303,9 @@ def test_the_operator_role_covers_what_it_writes_and_reads_and_no_more(
             {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ShardqCluster", "metadata": {"name": "main"},
              "spec": {"servers": 3}},
         )  # fmt: skip
+        # A cluster serving TLS: its servers mount the Secret it names (the StatefulSet's
+        # applied twice, as it is when spec.tls is added).
+        tls_owner = {**owner, "spec": {**owner["spec"], "tls": {"secretName": "main-tls"}}}
         queue = custom.create_namespaced_custom_object(
             GROUP, VERSION, namespace, "queues",
             {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Queue", "metadata": {"name": "orders"},
@@ -302,6 +320,7 @@ def test_the_operator_role_covers_what_it_writes_and_reads_and_no_more(
             builders.client_service(owner),
             builders.disruption_budget(owner),
             builders.stateful_set(owner, servers=3),
+            builders.stateful_set(tls_owner, servers=3),
             builders.shard(queue, index=0, replicas=["main-shardq-0"]),
             builders.auth_delegator_binding(owner),
         ]
@@ -356,6 +375,8 @@ def test_the_operator_role_covers_what_it_writes_and_reads_and_no_more(
             # Each cluster's peer Secret, written by server-side apply and never read.
             ("create", "secrets", *here),
             ("patch", "secrets", *here),
+            # A TLS cluster's Secret (spec.tls.secretName), read by name for its ca.crt.
+            ("get", "secrets", *here),
             # Servers that authenticate clients: their binding to system:auth-delegator.
             ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
             ("patch", "clusterrolebindings.rbac.authorization.k8s.io"),
@@ -364,7 +385,6 @@ def test_the_operator_role_covers_what_it_writes_and_reads_and_no_more(
             ("bind", "clusterroles.rbac.authorization.k8s.io/system:auth-delegator"),
         ]
         denied = [
-            ("get", "secrets", *here),
             ("list", "secrets", *here),
             ("watch", "secrets", *here),
             ("create", "pods", *here),

@@ -105,6 +105,10 @@ def test_a_queue_name_must_be_a_dns_label(api_client: client.ApiClient, namespac
         ),
         ({"clientAuthentication": {"audience": "tab\there"}}, "clientAuthentication.audience must be one word"),
         ({"clientAuthentication": {"mode": "kubernetes", "audiences": ["x"]}}, "spec.clientAuthentication.audiences"),
+        ({"tls": {}}, "spec.tls.secretName: Required value"),
+        ({"tls": {"secretName": ""}}, "spec.tls.secretName"),
+        ({"tls": {"secretName": "Main_TLS"}}, "tls.secretName must be a Secret's name"),
+        ({"tls": {"secretName": "main-tls", "caFile": "/ca.crt"}}, "spec.tls.caFile"),
     ],
 )
 def test_a_bad_cluster_is_refused_with_a_message_naming_the_problem(
@@ -165,6 +169,45 @@ def test_kubectl_explain_says_what_client_authentication_does(
     assert "system:auth-delegator" in said["mode"]
     assert "send, receive, get, list, admin, export" in said["mode"]
     assert "projected serviceAccountToken" in said["audience"]
+
+
+def test_tls_is_taken_and_may_be_added_changed_and_removed(
+    api_client: client.ApiClient, namespace: str, shardq_crds: list[str]
+) -> None:
+    plain = create(api_client, namespace, "shardqclusters", "ShardqCluster", "main", {})
+    assert "tls" not in plain["spec"], "a cluster without tls must stay plaintext"
+    secure = create(
+        api_client, namespace, "shardqclusters", "ShardqCluster", "other", {"tls": {"secretName": "other.tls-1"}}
+    )
+    assert secure["spec"]["tls"] == {"secretName": "other.tls-1"}
+    custom = client.CustomObjectsApi(api_client)
+    added = custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "shardqclusters", "main", {"spec": {"tls": {"secretName": "main-tls"}}}
+    )
+    assert added["spec"]["tls"] == {"secretName": "main-tls"}
+    removed = custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "shardqclusters", "main", {"spec": {"tls": None}}
+    )
+    assert "tls" not in removed["spec"]
+
+
+def test_kubectl_explain_says_what_tls_needs(binaries: Binaries, kubeconfig: Path, shardq_crds: list[str]) -> None:
+    require(binaries.kubectl)
+    said = {}
+    for field in ("tls", "tls.secretName"):
+        done = subprocess.run(
+            [str(binaries.kubectl), f"--kubeconfig={kubeconfig}", "explain", f"shardqclusters.spec.{field}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        said[field] = " ".join(done.stdout.split())
+    assert "Absent: plaintext" in said["tls"]
+    assert "kubernetes.io/tls" in said["tls.secretName"]
+    assert "tls.crt, tls.key and ca.crt" in said["tls.secretName"]
+    assert "*.CLUSTER-shardq-peers.NAMESPACE.svc.cluster.local" in said["tls.secretName"]
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from shardq.coordination.peer_credentials import NO_PEER_SECRET, PeerCredential
 from shardq_operator import naming
 from shardq_operator.client_authentication import client_authentication, server_args
 from shardq_operator.peer_secrets import secret_digest
+from shardq_operator.transport_security import TLS_VOLUME, ServerTrust, ca_digest, server_tls_args, tls_secret_name
 
 Manifest = dict[str, Any]
 
@@ -184,9 +185,18 @@ def disruption_budget(owner: Mapping[str, Any]) -> Manifest:
     }
 
 
-def stateful_set(owner: Mapping[str, Any], *, servers: int, credential: PeerCredential = NO_PEER_SECRET) -> Manifest:
+def stateful_set(
+    owner: Mapping[str, Any],
+    *,
+    servers: int,
+    credential: PeerCredential = NO_PEER_SECRET,
+    tls_trust: ServerTrust | None = None,
+) -> Manifest:
     """The shard servers: one pod per server id, a volume each, Ready when gRPC health says
-    so, and the cluster's peer secret (`credential`, none when the operator has no key)."""
+    so, and the cluster's peer secret (`credential`, none when the operator has no key).
+    With spec.tls, they serve TLS from its Secret (transport_security), whose CA the
+    operator read (`tls_trust`); without it the template is what it was before TLS
+    existed, so an operator upgrade restarts no pod."""
     cluster = owner["metadata"]["name"]
     namespace = owner["metadata"]["namespace"]
     spec = owner.get("spec", {})
@@ -252,6 +262,24 @@ def stateful_set(owner: Mapping[str, Any], *, servers: int, credential: PeerCred
         ]
         # A server reads its secret once, at start: a changed one must restart every pod.
         template_metadata["annotations"] = {"shardq.io/peer-secret-digest": secret_digest(credential)}
+    tls_secret = tls_secret_name(owner)
+    if tls_secret is not None:
+        container["args"] += server_tls_args()
+        container["ports"].append({"name": "health", "containerPort": naming.HEALTH_PORT})
+        # The kubelet's gRPC probe speaks no TLS: it asks the plaintext health-only port.
+        container["readinessProbe"]["grpc"] = {"port": naming.HEALTH_PORT}
+        container["volumeMounts"].append({"name": TLS_VOLUME, "mountPath": naming.TLS_PATH, "readOnly": True})
+        # Not a subPath: the kubelet updates a mounted Secret in place (a renewed
+        # certificate), and the servers re-read the files for new connections.
+        pod_spec.setdefault("volumes", []).append(
+            {"name": TLS_VOLUME, "secret": {"secretName": tls_secret, "defaultMode": 0o400}}
+        )
+        if tls_trust is not None:
+            # A server reads the CA it checks its peers against once, at start (its peers'
+            # channels live as long as it does): a changed ca.crt, as a CA rotation first
+            # adds the new CA and later drops the old, restarts the pods one at a time. A
+            # renewed certificate from the same CA restarts nothing.
+            template_metadata.setdefault("annotations", {})["shardq.io/tls-ca-digest"] = ca_digest(tls_trust)
     for field in ("nodeSelector", "tolerations", "affinity", "topologySpreadConstraints", "priorityClassName"):
         if field in template_overrides:
             pod_spec[field] = template_overrides[field]

@@ -23,6 +23,8 @@ from shardq_operator.kube import ApplyRefused, Kube
 from shardq_operator.leadership import OperatorLeadership
 from shardq_operator.observing import servers_to_ask
 from shardq_operator.reconciling import Reconciler, cluster_of
+from shardq_operator.server_reads import client_tls_of
+from shardq_operator.transport_security import CallTls, TlsSecretProblem
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +173,7 @@ def queue_deleted(namespace: str | None, name: str, body: kopf.Body, **_: Any) -
     tick = reconciler.reconcile(namespace, cluster)
     # The cluster's peer secret: servers that authenticate their clients take it for a token.
     credential = reconciler.credential_of(owner)
-    waiting = _servers_holding(reconciler.kube, namespace, cluster, owner, name, credential)
+    waiting = _servers_holding(reconciler, namespace, cluster, owner, name, credential)
     if waiting:
         message = f"waiting until every server has dropped the queue's data: {waiting}"
         if name in tick.problems:  # kept in the map, as another queue's dead-letter queue
@@ -189,7 +191,7 @@ def queue_deleted(namespace: str | None, name: str, body: kopf.Body, **_: Any) -
 
 
 def _servers_holding(
-    kube: Kube,
+    reconciler: Reconciler,
     namespace: str,
     cluster: str,
     owner: kopf.Body | dict[str, Any],
@@ -198,17 +200,26 @@ def _servers_holding(
 ) -> str:
     """Which servers may still hold `queue`'s data, and why ("" when none): those that
     list it, and those that cannot be asked now (down, starting, without a pod). Every
-    server counts: the cluster's servers by its spec and by its map, and any pod of it."""
+    server counts: the cluster's servers by its spec and by its map, and any pod of it.
+    Servers serving TLS are asked over TLS, checked against their Secret's CA."""
+    kube: Kube = reconciler.kube
     text = kube.read_map_text(namespace, cluster)
     mapped = set(cluster_map_from_text(text).servers) if text else set()
     servers = mapped | set(naming.server_ids(cluster, int(owner.get("spec", {}).get("servers", 3))))
-    askable, silent = servers_to_ask(servers, kube.server_pods(namespace, cluster))
+    pods = kube.server_pods(namespace, cluster)
+    askable, silent = servers_to_ask(servers, pods)
+    calls = reconciler.call_tls_of_servers(owner, pods) if askable else {}
     # With the StatefulSet going (a namespace deleted whole), no server comes back to its
     # volume under this cluster: waiting for the silent ones would hold the deletion for good.
     holding = {} if silent and kube.server_set_goes(namespace, cluster) else dict(silent)
     for server, address in askable.items():
+        call = calls.get(server)
+        if isinstance(call, TlsSecretProblem):
+            holding[server] = f"it serves TLS and cannot be checked: {call.message}"
+            continue
+        tls = client_tls_of(call) if isinstance(call, CallTls) else False
         try:
-            with Client(address, route_directly=False, metadata=credential.metadata) as client:
+            with Client(address, route_directly=False, metadata=credential.metadata, tls=tls) as client:
                 if queue in client.list_queues():
                     holding[server] = "it still hosts the queue"
         except ShardqError as error:

@@ -29,7 +29,7 @@ Manifest = dict[str, Any]
 
 
 class ApplyRefused(Exception):
-    """The API server refused an object the operator applies (or deletes); the message says why."""
+    """The API server refused an object the operator applies (or deletes, or reads); the message says why."""
 
 
 def _api_message(error: ApiException) -> str:
@@ -189,6 +189,21 @@ class Kube:
             raise
         text: str | None = (config_map.data or {}).get(CLUSTER_MAP_KEY)
         return text
+
+    def read_secret_data(self, namespace: str, name: str) -> Manifest | None:
+        """The Secret `name` as {"data": {key: base64 text}}, or None when there is none.
+        Read for a cluster's TLS CA (spec.tls), the only Secret the operator reads.
+        ApplyRefused when the API server refuses the read (an operator without `get` on
+        Secrets), in its own words."""
+        try:
+            secret = self.core.read_namespaced_secret(name, namespace, _request_timeout=_TIMEOUT_S)
+        except ApiException as error:
+            if error.status == _NOT_FOUND:
+                return None
+            if error.status is None or not 400 <= error.status < 500:
+                raise
+            raise ApplyRefused(f"Secret {name} (reading its {naming.TLS_CA_KEY}): {_api_message(error)}") from None
+        return {"data": dict(secret.data or {})}
 
     def server_set_goes(self, namespace: str, cluster: str) -> bool:
         """Whether the cluster's StatefulSet is gone or being deleted (as in a namespace's

@@ -9,10 +9,19 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 GRPC_PORT = 7600
 METRICS_PORT = 9600
+# Plaintext gRPC health only, for the kubelet's probe, which cannot speak TLS (`--health-port`):
+# served by the servers of a cluster with spec.tls.
+HEALTH_PORT = 7602
 DATA_PATH = "/data"
 # Where a server pod finds its cluster's peer secret (a Secret volume), under this key.
 PEER_SECRET_PATH = "/etc/shardq/peer"
 PEER_SECRET_KEY = "secret"
+# Where a server pod of a cluster with spec.tls finds its certificate, key and CA: the
+# Secret spec.tls.secretName names, keyed as cert-manager and `kubernetes.io/tls` key it.
+TLS_PATH = "/etc/shardq/tls"
+TLS_CERT_KEY = "tls.crt"
+TLS_KEY_KEY = "tls.key"
+TLS_CA_KEY = "ca.crt"
 MANAGED_BY = "shardq-operator"
 # A Queue that names no cluster is placed on this one (the chart can create it).
 DEFAULT_CLUSTER = "default"
@@ -66,9 +75,15 @@ def server_ids(cluster: str, count: int) -> list[str]:
     return [f"{server_set(cluster)}-{ordinal}" for ordinal in range(count)]
 
 
+def server_host(cluster: str, namespace: str, server_id: str) -> str:
+    """A server's stable DNS name through the headless Service: the name its peers call it
+    by, so the one its TLS certificate must carry."""
+    return f"{server_id}.{peers_service(cluster)}.{namespace}.svc.cluster.local"
+
+
 def server_address(cluster: str, namespace: str, server_id: str) -> str:
     """A server's stable DNS name through the headless Service, with its gRPC port."""
-    return f"{server_id}.{peers_service(cluster)}.{namespace}.svc.cluster.local:{GRPC_PORT}"
+    return f"{server_host(cluster, namespace, server_id)}:{GRPC_PORT}"
 
 
 def client_endpoint(cluster: str, namespace: str) -> str:

@@ -47,8 +47,17 @@ from shardq_operator.kube import ApplyRefused, Kube, Manifest
 from shardq_operator.mapping import DesiredMap, desired_map, servers_needed, with_servers
 from shardq_operator.observing import NotReady, observe_servers, pod_address, servers_not_ready
 from shardq_operator.peer_secrets import cluster_peer_secret
-from shardq_operator.server_reads import ServerReads
+from shardq_operator.server_reads import ServerReads, client_tls_of
 from shardq_operator.statuses import LeaderReport
+from shardq_operator.transport_security import (
+    CallTls,
+    ServerTrust,
+    TlsSecretProblem,
+    call_tls_of,
+    check_tls_secret,
+    serving_tls_secret,
+    tls_secret_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +155,15 @@ def _servers_ready(
     return condition(previous, "Ready", False, reason, f"{ready_count} of {total} servers ready; {details}{more}")
 
 
+def _tls_condition(previous: list[Mapping[str, Any]], secret: str, problem: TlsSecretProblem | None) -> dict[str, Any]:
+    """The TlsReady condition of a cluster with spec.tls: whether its Secret can serve."""
+    if problem is not None:
+        return condition(previous, "TlsReady", False, "TlsSecretNotUsable", problem.message)
+    return condition(
+        previous, "TlsReady", True, "TlsSecretUsable", f"the servers serve TLS with the certificate of Secret {secret}"
+    )
+
+
 def missing_dead_letter_queue(cluster_map: ClusterMap, queue: str) -> str:
     """Why `queue`'s dead letters have nowhere to go ("" when they do): its spec names a
     dead-letter queue that is not a Queue of the cluster (a typo, or not made yet)."""
@@ -198,6 +216,8 @@ class Reconciler:
         self._written: dict[tuple[str, str, str], Any] = {}
         # Shards announced as waiting for a safe failover candidate, per cluster, and why.
         self._waiting_said: dict[tuple[str, str], dict[str, TakeoverReason]] = {}
+        # Per cluster: why its TLS Secret cannot serve, as announced.
+        self._tls_problem_said: dict[tuple[str, str], str] = {}
         # Per cluster: the objects the API server last refused to apply, as announced.
         self._refused_said: dict[tuple[str, str], str] = {}
         # Per cluster: the uid and generation it had when its ClusterRoleBinding to
@@ -321,6 +341,11 @@ class Reconciler:
             self.kube.own_lease(namespace, record.name, builders.lease_owner_reference(owner))
         self._carry_out_moves(owner, live, moves, cluster_map, held)
         credential = self.credential_of(owner)
+        trusts = self._read_tls_secrets(owner, pods)
+        tls_secret = tls_secret_name(owner)
+        found = trusts.get(tls_secret) if tls_secret is not None else None
+        tls_problem = found if isinstance(found, TlsSecretProblem) else None
+        self._say_tls_problem(owner, tls_problem)
         delegation = choose_delegation_step(
             client_authentication(owner),
             cluster_deleting=is_deleting(owner),
@@ -338,7 +363,20 @@ class Reconciler:
             builders.peers_service(owner),
             builders.client_service(owner),
             builders.disruption_budget(owner),
-            builders.stateful_set(owner, servers=count, credential=credential),
+            # Not rolled to pods that could not start (their Secret missing or short of a
+            # key): the servers there keep serving as they are, until the Secret is right.
+            *(
+                [
+                    builders.stateful_set(
+                        owner,
+                        servers=count,
+                        credential=credential,
+                        tls_trust=found if isinstance(found, ServerTrust) else None,
+                    )
+                ]
+                if tls_problem is None
+                else []
+            ),
         ]
         for queue_name, queue in live.items():
             for index, replicas in enumerate(cluster_map.placement.get(queue_name, [])):
@@ -365,11 +403,20 @@ class Reconciler:
             log.info("cluster %s/%s: map now has queues %s", namespace, name, sorted(cluster_map.placement))
 
         servers = observe_servers(cluster_map.servers, pods)
+        calls = self._call_tls(owner, pods, trusts)
+        # A pod whose TLS Secret cannot be read is not asked: it could not be checked.
+        reachable = {
+            address: calls.get(pod["metadata"]["name"])
+            for pod in pods
+            if is_ready(pod) and (address := pod_address(pod, naming.GRPC_PORT))
+            if not isinstance(calls.get(pod["metadata"]["name"]), TlsSecretProblem)
+        }
         self.server_reads.want(
             (namespace, name),
-            addresses=[address for pod in pods if is_ready(pod) and (address := pod_address(pod, naming.GRPC_PORT))],
+            addresses=list(reachable),
             queues=sorted(queue for queue in live if queue in cluster_map.placement),
             credential=credential,
+            tls={address: client_tls_of(call) for address, call in reachable.items() if isinstance(call, CallTls)},
         )
         tick = Tick(cluster_map=cluster_map, problems=desired.problems, moves=moves)
         now = wall_clock_ms()
@@ -402,8 +449,61 @@ class Reconciler:
         if not tick.takeovers:
             self._rebalance(owner, live, cluster_map, servers, held, tick, replicas_settled=moves.settled)
         troubles = servers_not_ready(servers, pods)
-        self._write_statuses(owner, live, cluster_map, desired, moves, spec_servers, servers, troubles, held, now)
+        self._write_statuses(
+            owner, live, cluster_map, desired, moves, spec_servers, servers, troubles, held, now, tls_problem
+        )
         return tick
+
+    def _read_tls_secrets(
+        self, owner: Mapping[str, Any], pods: list[Manifest]
+    ) -> dict[str, ServerTrust | TlsSecretProblem]:
+        """The TLS Secrets of the cluster (its spec's, and those its pods serve from while
+        the StatefulSet rolls from one to another), each read and checked."""
+        namespace = owner["metadata"]["namespace"]
+        names = {name for pod in pods if (name := serving_tls_secret(pod)) is not None}
+        if (named := tls_secret_name(owner)) is not None:
+            names.add(named)
+        trusts: dict[str, ServerTrust | TlsSecretProblem] = {}
+        for name in sorted(names):
+            try:
+                trusts[name] = check_tls_secret(name, namespace, self.kube.read_secret_data(namespace, name))
+            except ApplyRefused as refusal:
+                trusts[name] = TlsSecretProblem(f"the operator cannot read it: {refusal}")
+        return trusts
+
+    def _call_tls(
+        self,
+        owner: Mapping[str, Any],
+        pods: list[Manifest],
+        trusts: Mapping[str, ServerTrust | TlsSecretProblem],
+    ) -> dict[str, CallTls | TlsSecretProblem | None]:
+        """How the operator's own calls reach each pod's server (by pod name): plaintext
+        (None), TLS (CallTls) or not at all (why)."""
+        namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
+        return {pod["metadata"]["name"]: call_tls_of(pod, trusts, cluster=name, namespace=namespace) for pod in pods}
+
+    def call_tls_of_servers(
+        self, owner: Mapping[str, Any], pods: list[Manifest]
+    ) -> dict[str, CallTls | TlsSecretProblem | None]:
+        """`_call_tls` with the cluster's Secrets read now: for the calls made outside a
+        reconcile (a deleted Queue's finalizer asking the servers), as `credential_of` is."""
+        return self._call_tls(owner, pods, self._read_tls_secrets(owner, pods))
+
+    def _say_tls_problem(self, owner: Manifest, problem: TlsSecretProblem | None) -> None:
+        """Log and announce (once until it changes) that the cluster's TLS Secret cannot serve."""
+        key = (owner["metadata"]["namespace"], owner["metadata"]["name"])
+        if problem is None:
+            self._tls_problem_said.pop(key, None)
+            return
+        if self._tls_problem_said.get(key) == problem.message:
+            return
+        self._tls_problem_said[key] = problem.message
+        message = f"{problem.message}; the server pods are left as they are until it can"
+        log.error("cluster %s/%s: %s", *key, message)
+        try:
+            self.kube.event(owner, reason="TlsSecretNotUsable", message=message, warning=True)
+        except Exception:  # an event is a courtesy; the status says it too
+            log.exception("cluster %s/%s: could not post the TlsSecretNotUsable event", *key)
 
     def credential_of(self, owner: Mapping[str, Any]) -> PeerCredential:
         """The cluster's peer secret (derived from the operator's key; peer_secrets): what
@@ -646,6 +746,7 @@ class Reconciler:
         troubles: Mapping[str, NotReady],
         held: Mapping[str, LeaseRecord],
         now: int,
+        tls_problem: TlsSecretProblem | None = None,
     ) -> None:
         namespace = owner["metadata"]["namespace"]
         cluster = owner["metadata"]["name"]
@@ -681,6 +782,17 @@ class Reconciler:
                 scaling or (f"{len(moving)} shards moving a replica" if moving else "every replica where it belongs"),
             ),
         ]
+        if (tls_secret := tls_secret_name(owner)) is not None:
+            conditions.append(_tls_condition(previous, tls_secret, tls_problem))
+            if tls_problem is not None and conditions[0]["status"] == "False":
+                # What keeps the servers from starting comes first (`kubectl get sqc` shows the reason).
+                conditions[0] = condition(
+                    previous,
+                    "Ready",
+                    False,
+                    "TlsSecretNotUsable",
+                    f"{tls_problem.message}; {conditions[0]['message']}",
+                )
         self._status(
             "shardqclusters",
             owner,

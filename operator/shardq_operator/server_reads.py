@@ -22,7 +22,9 @@ from shardq import Client, ShardqError
 from shardq.coordination.peer_credentials import NO_PEER_SECRET, PeerCredential
 from shardq.coordination.placement import ShardId
 from shardq.durations import format_age_ms
-from shardq_operator.statuses import LeaderReport, leader_reports
+from shardq.tls import ClientTls
+from shardq_operator.statuses import LeaderReport, TlsByAddress, leader_reports
+from shardq_operator.transport_security import CallTls
 
 log = logging.getLogger(__name__)
 
@@ -37,19 +39,29 @@ class Wanted:
     queues: tuple[str, ...]
     # What the servers' status calls carry (the cluster's peer secret).
     credential: PeerCredential = NO_PEER_SECRET
+    # How they speak TLS, by address (an address not in it serves plaintext).
+    tls: TlsByAddress = dataclasses.field(default_factory=dict)
+
+
+def client_tls_of(call: CallTls) -> ClientTls:
+    """The client settings of the operator's TLS calls to one server (transport_security)."""
+    return ClientTls(root_certificates=call.ca_certificates, server_name=call.server_name)
 
 
 def read_queue_counts(
-    addresses: Sequence[str], queue: str, credential: PeerCredential = NO_PEER_SECRET
+    addresses: Sequence[str], queue: str, credential: PeerCredential = NO_PEER_SECRET, tls: TlsByAddress | None = None
 ) -> dict[str, Any] | None:
     """visible / inFlight / oldestAge of `queue` from the first server that answers
     (it gathers the other shards' from their leaders), or None when none does or some
     shard's leader did not answer: the status keeps its last whole figures rather than
     show a count that leaves out a shard's messages. The calls carry `credential`, the
-    cluster's peer secret, which servers that authenticate clients take in place of a token."""
+    cluster's peer secret, which servers that authenticate clients take in place of a token,
+    and speak TLS to the servers `tls` has settings for."""
     for address in addresses:
         try:
-            with Client(address, route_directly=False, metadata=credential.metadata) as shardq_client:
+            with Client(
+                address, route_directly=False, metadata=credential.metadata, tls=(tls or {}).get(address, False)
+            ) as shardq_client:
                 attributes = shardq_client.attributes(queue)
         except ShardqError:
             continue
@@ -68,8 +80,12 @@ class ServerReads:
         self,
         *,
         every_s: float,
-        read_reports: Callable[[Sequence[str], PeerCredential], dict[ShardId, LeaderReport]] = leader_reports,
-        read_counts: Callable[[Sequence[str], str, PeerCredential], dict[str, Any] | None] = read_queue_counts,
+        read_reports: Callable[[Sequence[str], PeerCredential, TlsByAddress], dict[ShardId, LeaderReport]] = (
+            leader_reports
+        ),
+        read_counts: Callable[
+            [Sequence[str], str, PeerCredential, TlsByAddress], dict[str, Any] | None
+        ] = read_queue_counts,
         background: bool = True,
     ) -> None:
         """`background=False` reads only when `read_once` is called (tests drive the rounds)."""
@@ -93,10 +109,11 @@ class ServerReads:
         addresses: Sequence[str],
         queues: Sequence[str],
         credential: PeerCredential = NO_PEER_SECRET,
+        tls: TlsByAddress | None = None,
     ) -> None:
         """Read these from now on (the reconcile calls it every pass with what it sees).
         The first call for a cluster wakes the reader, so a new cluster's figures come at once."""
-        wanted = Wanted(tuple(addresses), tuple(queues), credential)
+        wanted = Wanted(tuple(addresses), tuple(queues), credential, dict(tls or {}))
         with self._lock:
             first = cluster not in self._wanted
             self._wanted[cluster] = wanted
@@ -140,12 +157,12 @@ class ServerReads:
         with self._lock:
             wanted: Mapping[ClusterKey, Wanted] = dict(self._wanted)
         for cluster, what in wanted.items():
-            reports = self._read_reports(what.addresses, what.credential)
+            reports = self._read_reports(what.addresses, what.credential, what.tls)
             with self._lock:
                 if cluster in self._wanted:
                     self._reports[cluster] = reports
             for queue in what.queues:
-                counts = self._read_counts(what.addresses, queue, what.credential)
+                counts = self._read_counts(what.addresses, queue, what.credential, what.tls)
                 if counts is None:
                     continue  # nobody answered: keep the last figures
                 with self._lock:
