@@ -145,26 +145,24 @@ def test_client_authentication_is_taken_and_its_audience_defaulted(
     assert changed["spec"]["clientAuthentication"] == {"mode": "none", "audience": "shardq"}
 
 
+def explained(binaries: Binaries, kubeconfig: Path, field: str) -> str:
+    """What `kubectl explain shardqclusters.spec.FIELD` says, on one line."""
+    done = subprocess.run(
+        [str(binaries.kubectl), f"--kubeconfig={kubeconfig}", "explain", f"shardqclusters.spec.{field}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return " ".join(done.stdout.split())
+
+
 def test_kubectl_explain_says_what_client_authentication_does(
     binaries: Binaries, kubeconfig: Path, shardq_crds: list[str]
 ) -> None:
     require(binaries.kubectl)
-    said = {}
-    for field in ("mode", "audience"):
-        done = subprocess.run(
-            [
-                str(binaries.kubectl),
-                f"--kubeconfig={kubeconfig}",
-                "explain",
-                f"shardqclusters.spec.clientAuthentication.{field}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-        said[field] = " ".join(done.stdout.split())
+    said = {field: explained(binaries, kubeconfig, f"clientAuthentication.{field}") for field in ("mode", "audience")}
     assert "ServiceAccount token" in said["mode"]
     assert "system:auth-delegator" in said["mode"]
     assert "send, receive, get, list, admin, export" in said["mode"]
@@ -193,17 +191,7 @@ def test_tls_is_taken_and_may_be_added_changed_and_removed(
 
 def test_kubectl_explain_says_what_tls_needs(binaries: Binaries, kubeconfig: Path, shardq_crds: list[str]) -> None:
     require(binaries.kubectl)
-    said = {}
-    for field in ("tls", "tls.secretName"):
-        done = subprocess.run(
-            [str(binaries.kubectl), f"--kubeconfig={kubeconfig}", "explain", f"shardqclusters.spec.{field}"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-        said[field] = " ".join(done.stdout.split())
+    said = {field: explained(binaries, kubeconfig, field) for field in ("tls", "tls.secretName")}
     assert "Absent: plaintext" in said["tls"]
     assert "kubernetes.io/tls" in said["tls.secretName"]
     assert "tls.crt, tls.key and ca.crt" in said["tls.secretName"]
