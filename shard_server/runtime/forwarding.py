@@ -18,6 +18,7 @@ import grpc
 
 from shard_server.domain.messages import NewMessage
 from shard_server.domain.sending import SendOutcome
+from shard_server.runtime.serving_tls import say_if_peer_tls_failed
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.channel_options import RESOLVE_AGAIN_WITHIN_HALF_A_SECOND
 from shardq.coordination.cluster_map import ClusterMap, lease_name
@@ -317,6 +318,7 @@ def forward_failure(error: grpc.RpcError, *, queue: str, what: str) -> ShardqErr
     failure = error_from_rpc(error, queue=queue)
     if answered_by_shardq(error):
         return failure
+    say_if_peer_tls_failed(error, f"the leader of a shard of {queue}")
     if never_sent(error):
         return LeaderUnreachable(failure.message)
     return unknown_if_sent(error, failure, what)

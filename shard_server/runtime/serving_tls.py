@@ -17,6 +17,7 @@ import os
 import pathlib
 import ssl
 import threading
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -25,6 +26,12 @@ from shardq.errors import InvalidArgument
 from shardq.tls import ClientTls
 
 log = logging.getLogger(__name__)
+
+# What gRPC says when a call to a peer failed in its TLS handshake (BoringSSL's words).
+HANDSHAKE_FAILURE_TEXTS = ("Tls handshake failed", "Ssl handshake failed", "Hostname Verification")
+# A peer whose certificate fails is said once in this long, not on every call or heartbeat.
+PEER_FAILURE_SAID_EVERY_S = 60.0
+_peer_failures_said: dict[str, float] = {}
 
 FileIdentity = tuple[int, int, int, int]
 
@@ -135,3 +142,18 @@ class ServingCertificate:
     def ssl_context(self) -> ssl.SSLContext:
         """The context for the next connection to the metrics port."""
         return self._current().context
+
+
+def say_if_peer_tls_failed(error: grpc.RpcError, peer: str) -> None:
+    """Log (at most once a minute per peer) a call to `peer` that failed its TLS
+    handshake: otherwise only the client that called, or an ISR without the peer, shows it."""
+    details = error.details() or ""
+    if not any(text in details for text in HANDSHAKE_FAILURE_TEXTS):
+        return
+    now = time.monotonic()
+    if now - _peer_failures_said.get(peer, -PEER_FAILURE_SAID_EVERY_S) < PEER_FAILURE_SAID_EVERY_S:
+        return
+    _peer_failures_said[peer] = now
+    log.warning(
+        "cannot reach peer %s over TLS (check --tls-ca-file and the names its certificate carries): %s", peer, details
+    )

@@ -34,6 +34,7 @@ from shard_server import metrics
 from shard_server.runtime.committing import GroupCommitter
 from shard_server.runtime.replication import rules
 from shard_server.runtime.replication.peers import PeerChannels
+from shard_server.runtime.serving_tls import say_if_peer_tls_failed
 from shard_server.storage import replica_log
 from shard_server.storage.codecs import CorruptEntry
 from shard_server.storage.lmdb_store import ShardEnvironment
@@ -636,7 +637,8 @@ class ShardReplica:
             )
             try:
                 response = await stub.Append(request, metadata=self.peers.metadata, timeout=APPEND_TIMEOUT_S)
-            except grpc.RpcError:
+            except grpc.RpcError as error:
+                say_if_peer_tls_failed(error, follower)
                 await asyncio.sleep(HEARTBEAT_S)
                 continue
             outcome = response.outcome
