@@ -26,8 +26,6 @@ import datetime
 import json
 import os
 import pathlib
-import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +36,7 @@ from kubernetes import client
 # The benchmarks share the e2e control plane; run as `python bench/client_access.py`
 # from the repository root, which goes on sys.path here.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from latency_ab import split_passed  # bench/latency_ab.py: this script's directory is sys.path[0]
+from latency_ab import run_alternating, split_passed  # bench/latency_ab.py: this script's directory is sys.path[0]
 
 from e2e.binaries import locate_binaries, require
 from e2e.kubecluster import start_control_plane, stop_control_plane
@@ -125,18 +123,20 @@ def main(argv: list[str] | None = None) -> int:
         token_file = workdir / "token"
         with plane.api_client() as api:
             account_with_every_right(api, namespace, token_file)
-        authenticated = " ".join(
-            shlex.quote(f"--server-arg={arg}")
+        authenticated = [
+            f"--server-arg={arg}"
             for arg in ("--client-auth=kubernetes", f"--kubeconfig={plane.kubeconfig}", f"--namespace={namespace}")
-        )
-        command = [
-            sys.executable, str(HERE / "latency_ab.py"), "--label", args.label,
-            "--a-name", "open", "--a-args", "",
-            "--b-name", "authenticated", "--b-args", authenticated,
-            "--runs", str(args.runs), "--out", str(args.out), "--", *passed,
-        ]  # fmt: skip
+        ]
         say(f"A: --client-auth none, B: --client-auth kubernetes; {args.runs} runs each, alternating")
-        return subprocess.run(command, env={**os.environ, "SHARDQ_TOKEN_FILE": str(token_file)}, check=False).returncode
+        return run_alternating(
+            label=args.label,
+            a=("open", []),
+            b=("authenticated", authenticated),
+            runs=args.runs,
+            out=args.out,
+            passed=passed,
+            env={**os.environ, "SHARDQ_TOKEN_FILE": str(token_file)},
+        )
     finally:
         say("stopping the control plane")
         stop_control_plane(plane)

@@ -52,6 +52,27 @@ def split_passed(argv: list[str] | None) -> tuple[list[str], list[str]]:
     return argv[:at], argv[at + 1 :]
 
 
+def run_alternating(
+    *,
+    label: str,
+    a: tuple[str, list[str]],
+    b: tuple[str, list[str]],
+    runs: int,
+    out: pathlib.Path,
+    passed: list[str],
+    env: dict[str, str] | None = None,
+) -> int:
+    """Run this script as a subprocess: side A's and side B's (name, latency.py arguments),
+    alternating `runs` times each; for the benchmarks that set up what B needs first."""
+    command = [
+        sys.executable, str(HERE / "latency_ab.py"), "--label", label,
+        "--a-name", a[0], "--a-args", shlex.join(a[1]),
+        "--b-name", b[0], "--b-args", shlex.join(b[1]),
+        "--runs", str(runs), "--out", str(out), "--", *passed,
+    ]  # fmt: skip
+    return subprocess.run(command, env=env, check=False).returncode
+
+
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     argv, passed = split_passed(argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

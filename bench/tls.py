@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import shlex
-import subprocess
 import sys
 import tempfile
 
 # Run as `python bench/tls.py` from the repository root, which goes on sys.path here.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from latency_ab import split_passed  # bench/latency_ab.py: this script's directory is sys.path[0]
+from latency_ab import run_alternating, split_passed  # bench/latency_ab.py: this script's directory is sys.path[0]
 
 from e2e.certificates import issue_serving_certificates
 
@@ -41,22 +39,15 @@ def main(argv: list[str] | None = None) -> int:
         issued = issue_serving_certificates(
             pathlib.Path(directory), dns_names=["localhost"], ip_addresses=["127.0.0.1"]
         )
-        with_tls = " ".join(
-            shlex.quote(arg)
-            for arg in (
-                f"--ca-file={issued.ca}",
-                f"--server-arg=--tls-cert-file={issued.cert}",
-                f"--server-arg=--tls-key-file={issued.key}",
-            )
-        )
-        command = [
-            sys.executable, str(HERE / "latency_ab.py"), "--label", args.label,
-            "--a-name", "plaintext", "--a-args", "",
-            "--b-name", "tls", "--b-args", with_tls,
-            "--runs", str(args.runs), "--out", str(args.out), "--", *passed,
-        ]  # fmt: skip
+        with_tls = [
+            f"--ca-file={issued.ca}",
+            f"--server-arg=--tls-cert-file={issued.cert}",
+            f"--server-arg=--tls-key-file={issued.key}",
+        ]
         print(f"[tls] A: plaintext, B: TLS; {args.runs} runs each, alternating", file=sys.stderr, flush=True)
-        return subprocess.run(command, check=False).returncode
+        return run_alternating(
+            label=args.label, a=("plaintext", []), b=("tls", with_tls), runs=args.runs, out=args.out, passed=passed
+        )
 
 
 if __name__ == "__main__":

@@ -154,16 +154,9 @@ def fail_cleanly(command: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def _use_token_file(context: click.Context, parameter: click.Parameter, value: str | None) -> None:
-    # Every client this process makes reads the file SHARDQ_TOKEN_FILE names
-    # (shardq.bearer_tokens): the option names it for them.
-    if value:
-        os.environ[TOKEN_FILE_ENV] = value
-
-
 def _use_environment(name: str) -> Callable[[click.Context, click.Parameter, Any], None]:
-    # Every client this process makes reads the TLS settings from the environment
-    # (shardq.tls): the options set it for them.
+    # Every client this process makes reads its token file (shardq.bearer_tokens) and TLS
+    # settings (shardq.tls) from the environment: the options set it for them.
     def use(context: click.Context, parameter: click.Parameter, value: Any) -> None:
         if value:
             os.environ[name] = "1" if value is True else str(value)
@@ -213,7 +206,7 @@ def endpoint_option(command: Callable[P, R]) -> Callable[P, R]:
         default=None,
         envvar=TOKEN_FILE_ENV,
         expose_value=False,
-        callback=_use_token_file,
+        callback=_use_environment(TOKEN_FILE_ENV),
         help="a ServiceAccount token for servers started with --client-auth kubernetes (re-read as it is rewritten)",
     )(command)
     return click.option(

@@ -42,6 +42,14 @@ def _api_message(error: ApiException) -> str:
     return str(message) if message else f"{error.status} {error.reason}"
 
 
+def _refusal(error: ApiException, what: str) -> ApplyRefused:
+    """The API server's refusal of `what` (HTTP 4xx), in its own words; any other failure
+    (a 5xx, no answer) is raised as it is, for the caller's retry."""
+    if error.status is None or not 400 <= error.status < 500:
+        raise error
+    return ApplyRefused(f"{what}: {_api_message(error)}")
+
+
 class Kube:
     def __init__(self, api_client: client.ApiClient) -> None:
         self.api_client = api_client
@@ -59,9 +67,7 @@ class Kube:
         try:
             self._apply(manifest)
         except ApiException as error:
-            if error.status is None or not 400 <= error.status < 500:
-                raise
-            raise ApplyRefused(f"{manifest['kind']} {manifest['metadata']['name']}: {_api_message(error)}") from None
+            raise _refusal(error, f"{manifest['kind']} {manifest['metadata']['name']}") from None
 
     def _apply(self, manifest: Manifest) -> None:
         kind = manifest["kind"]
@@ -112,9 +118,7 @@ class Kube:
         except ApiException as error:
             if error.status == _NOT_FOUND:
                 return False
-            if error.status is None or not 400 <= error.status < 500:
-                raise
-            raise ApplyRefused(f"ClusterRoleBinding {name} (deleting it): {_api_message(error)}") from None
+            raise _refusal(error, f"ClusterRoleBinding {name} (deleting it)") from None
         return True
 
     def patch_status(self, plural: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:
@@ -200,9 +204,7 @@ class Kube:
         except ApiException as error:
             if error.status == _NOT_FOUND:
                 return None
-            if error.status is None or not 400 <= error.status < 500:
-                raise
-            raise ApplyRefused(f"Secret {name} (reading its {naming.TLS_CA_KEY}): {_api_message(error)}") from None
+            raise _refusal(error, f"Secret {name} (reading its {naming.TLS_CA_KEY})") from None
         return {"data": dict(secret.data or {})}
 
     def server_set_goes(self, namespace: str, cluster: str) -> bool:
