@@ -4,18 +4,25 @@
 
 On the running real node (`e2e/cluster up`), in a namespace of its own:
 1. builds (or reuses) the Spark image of e2e.spark_image and imports it into containerd;
-2. runs the operator on the host, applies a ShardqCluster (2 servers) with a Queue
-   `orders` (4 shards, replicas 2, dead letters to `orders-dlq`), and sends a workload
-   whose outcome is known: PROCESSED messages received and deleted, POISON messages
-   received twice and dead-lettered, PENDING never touched;
+2. runs the operator on the host, applies a ShardqCluster (2 servers) that serves TLS
+   (a kubernetes.io/tls Secret, as cert-manager writes one) and asks every client for a
+   ServiceAccount token and a right to the queue, with a Queue `orders` (4 shards,
+   replicas 2, dead letters to `orders-dlq`), and sends a workload whose outcome is
+   known: PROCESSED messages received and deleted, POISON messages received twice and
+   dead-lettered, PENDING never touched (as an account that may send, receive and read
+   counts);
 3. creates the driver's ServiceAccount and Role (executor pods, their Service, ConfigMaps),
-   and a submitter's (a token that may make the driver's pod, Service and ConfigMap);
+   allowed `export` on `orders` and nothing else of shardq's, and a submitter's (a token
+   that may make the driver's pod, Service and ConfigMap);
 4. runs this machine's `spark-submit --master k8s://<API server> --deploy-mode cluster`
-   with the image and `local:///opt/shardq/report_job.py`; the job reads the shards over
-   the cluster's in-cluster DNS name (its client Service; each shard's leader by its pod's
-   DNS name) and writes Parquet and the report to a hostPath volume: this is a single
-   node, so driver and executors share one directory, and the host reads the result
-   without another pod (a ReadWriteMany claim would take its place on a real cluster);
+   with the image and `local:///opt/shardq/report_job.py`; a pod template gives the
+   driver and each executor a projected volume with a token for audience shardq and the
+   Secret's ca.crt (not its key), and SHARDQ_TOKEN_FILE and SHARDQ_CA_FILE point at them;
+   the job reads the shards over TLS by the cluster's in-cluster DNS name (its client
+   Service; each shard's leader by its pod's DNS name) and writes Parquet and the report
+   to a hostPath volume: this is a single node, so driver and executors share one
+   directory, and the host reads the result without another pod (a ReadWriteMany claim
+   would take its place on a real cluster);
 5. checks the report against the workload (summary.json, and the Parquet lifecycles
    table read with pyarrow) and records the times (image build and import apart from
    submit-to-done) and the peak memory of the driver and executor pods (their cgroups,
@@ -26,6 +33,7 @@ On the running real node (`e2e/cluster up`), in a namespace of its own:
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import datetime
 import json
@@ -36,7 +44,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +54,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from shardq_operator import naming
 
+from e2e import queue_rights
+from e2e.certificates import issue_serving_certificates
 from e2e.crds import install_crds
 from e2e.images import REPO_ROOT
 from e2e.operator_process import running_operator
@@ -54,6 +64,7 @@ from e2e.realnode import Layout, NodeInfo, recycle_released_volumes, state_dir, 
 from e2e.spark_image import APPLICATION, SPARK_UID, build_spark_image, ensure_imported
 from shardq import Client, Message, ShardqError
 from shardq.errors import Reason
+from shardq.tls import ClientTls
 
 GROUP, VERSION = "shardq.io", "v1alpha1"
 RESULTS = REPO_ROOT / "bench" / "results" / "spark-on-kubernetes.json"
@@ -72,6 +83,15 @@ PENDING = 30
 SERVICE_ACCOUNT = "shardq-spark"
 REPORT_VOLUME = "report"
 REPORT_MOUNT = "/report"
+# The cluster's serving certificate, and who sends the workload from the host.
+TLS_SECRET = "main-tls"
+WORKLOAD_ACCOUNT = "shardq-workload"
+TOKEN_AUDIENCE = "shardq"
+# What the Spark pods show shardq: a token for its audience and the CA that signed its
+# certificate, in one projected volume (the Secret's ca.crt only, never its key).
+CREDENTIALS_VOLUME = "shardq-credentials"
+CREDENTIALS_MOUNT = "/var/run/secrets/shardq"
+TOKEN_SECONDS = 3600
 READY_S = 240.0
 SUBMIT_TIMEOUT_S = 900.0
 PROGRESS_EVERY_S = 10.0
@@ -117,6 +137,7 @@ class Submission:
     # The node's two cores are shared: ask for little, use what is free.
     cpu_request: str = "100m"
     service_account: str = SERVICE_ACCOUNT
+    tls_secret: str = TLS_SECRET
 
     @property
     def driver_pod(self) -> str:
@@ -124,6 +145,50 @@ class Submission:
 
     def job_arguments(self) -> list[str]:
         return ["--endpoint", self.endpoint, "--queue", self.queue, "--out", f"{REPORT_MOUNT}/{self.queue}"]
+
+    def credentials_environment(self) -> dict[str, str]:
+        """What every shardq client in the driver and the executors reads (the Spark
+        source's export connections too)."""
+        return {
+            "SHARDQ_TOKEN_FILE": f"{CREDENTIALS_MOUNT}/token",
+            "SHARDQ_CA_FILE": f"{CREDENTIALS_MOUNT}/ca.crt",
+        }
+
+    def pod_template(self) -> dict[str, Any]:
+        """The driver's and the executors' pod template: spark-submit has no setting for a
+        projected ServiceAccount token, so the volume comes in a template (Spark keeps the
+        template's volumes and adds its own; its container is the first one)."""
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "spec": {
+                "volumes": [
+                    {
+                        "name": CREDENTIALS_VOLUME,
+                        "projected": {
+                            "sources": [
+                                {
+                                    "serviceAccountToken": {
+                                        "audience": TOKEN_AUDIENCE,
+                                        "expirationSeconds": TOKEN_SECONDS,
+                                        "path": "token",
+                                    }
+                                },
+                                {"secret": {"name": self.tls_secret, "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                            ]
+                        },
+                    }
+                ],
+                "containers": [
+                    {
+                        "name": "spark",
+                        "volumeMounts": [
+                            {"name": CREDENTIALS_VOLUME, "mountPath": CREDENTIALS_MOUNT, "readOnly": True}
+                        ],
+                    }
+                ],
+            },
+        }
 
     def spark_conf(self) -> dict[str, str]:
         conf = {
@@ -151,10 +216,18 @@ class Submission:
             prefix = f"spark.kubernetes.{role}.volumes.hostPath.{REPORT_VOLUME}"
             conf[f"{prefix}.mount.path"] = REPORT_MOUNT
             conf[f"{prefix}.options.path"] = str(self.report_host_path)
+        for name, value in self.credentials_environment().items():
+            conf[f"spark.kubernetes.driverEnv.{name}"] = value
+            conf[f"spark.executorEnv.{name}"] = value
         return conf
 
-    def command(self, spark_submit: Path, api_server: str) -> list[str]:
-        conf = [word for key, value in self.spark_conf().items() for word in ("--conf", f"{key}={value}")]
+    def command(self, spark_submit: Path, api_server: str, pod_template: Path) -> list[str]:
+        """spark-submit's words, with the pod template written to `pod_template` (it reads
+        the driver's itself and hands the executors' to the driver in a ConfigMap)."""
+        pod_template.write_text(yaml.safe_dump(self.pod_template()))
+        templates = {f"spark.kubernetes.{role}.podTemplateFile": str(pod_template) for role in ("driver", "executor")}
+        settings = self.spark_conf() | templates
+        conf = [word for key, value in settings.items() for word in ("--conf", f"{key}={value}")]
         return [
             str(spark_submit),
             "--master",
@@ -207,8 +280,32 @@ def _queue_ready(api: client.ApiClient, namespace: str, name: str) -> bool:
     return conditions.get("Ready") == "True" and conditions.get("UnderReplicated") == "False"
 
 
+def make_tls_secret(api: client.ApiClient, namespace: str, directory: Path) -> bytes:
+    """The Secret the cluster serves TLS with, for the names its servers are called by
+    (each server by its peers' Service, the client Service), as cert-manager writes one;
+    returns its CA certificate."""
+    certificates = issue_serving_certificates(
+        directory,
+        dns_names=[
+            f"*.{naming.peers_service(CLUSTER)}.{namespace}.svc.cluster.local",
+            f"{naming.client_service(CLUSTER)}.{namespace}.svc.cluster.local",
+        ],
+    )
+    data = {"tls.crt": certificates.cert, "tls.key": certificates.key, "ca.crt": certificates.ca}
+    client.CoreV1Api(api).create_namespaced_secret(
+        namespace,
+        client.V1Secret(
+            metadata=client.V1ObjectMeta(name=TLS_SECRET),
+            type="kubernetes.io/tls",
+            data={key: base64.b64encode(path.read_bytes()).decode() for key, path in data.items()},
+        ),
+    )
+    return certificates.ca.read_bytes()
+
+
 def create_shardq(api: client.ApiClient, namespace: str, image: str) -> None:
-    """The ShardqCluster and its two queues, Ready with every replica in sync."""
+    """The ShardqCluster, serving TLS with TLS_SECRET and asking clients for tokens, and
+    its two queues, Ready with every replica in sync."""
     _apply(
         api,
         namespace,
@@ -221,6 +318,8 @@ def create_shardq(api: client.ApiClient, namespace: str, image: str) -> None:
             "imagePullPolicy": "Never",
             "storage": {"size": "100Mi"},
             "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
+            "tls": {"secretName": TLS_SECRET},
+            "clientAuthentication": {"mode": "kubernetes", "audience": TOKEN_AUDIENCE},
         },
     )
     _apply(
@@ -289,11 +388,11 @@ def _send(client_: Client, label: str, count: int) -> set[str]:
     return ids
 
 
-def run_workload(endpoint: str, *, timeout: float = 120.0) -> None:
+def run_workload(endpoint: str, *, tls: ClientTls, token: str, timeout: float = 120.0) -> None:
     """PROCESSED messages received once and deleted, POISON received MAX_RECEIVE_COUNT
     times and dead-lettered (from every shard: some led beside the dead-letter queue,
     some not), PENDING sent last and never received."""
-    with Client(endpoint, route_directly=False) as producer:
+    with Client(endpoint, route_directly=False, tls=tls, token=token) as producer:
         processed = _send(producer, "processed", PROCESSED)
         received: dict[str, str] = {}
 
@@ -328,6 +427,25 @@ def run_workload(endpoint: str, *, timeout: float = 120.0) -> None:
         _send(producer, "pending", PENDING)
 
 
+def refusals(endpoint: str, *, tls: ClientTls, spark_token: str) -> dict[str, str]:
+    """How the cluster answers a call without a token, and the Spark account's token
+    asking to receive (it may only export): the report runs against a cluster that
+    refuses both, or the run proves nothing about its credentials."""
+
+    def reason_of(call: Callable[[Client], object], token: str | None) -> str:
+        with Client(endpoint, route_directly=False, tls=tls, token=token) as caller:
+            try:
+                call(caller)
+            except ShardqError as error:
+                return error.reason.value
+        return "answered"
+
+    return {
+        "without_a_token": reason_of(lambda caller: caller.attributes(QUEUE), None),
+        "spark_account_receiving": reason_of(lambda caller: caller.receive_messages(QUEUE), spark_token),
+    }
+
+
 # -- Spark's account and the run ----------------------------------------------------
 
 
@@ -357,6 +475,9 @@ def create_driver_account(api: client.ApiClient, namespace: str) -> None:
             subjects=[client.RbacV1Subject(kind="ServiceAccount", name=SERVICE_ACCOUNT, namespace=namespace)],
         ),
     )
+    # The report reads the queue's stored messages and journal, and needs nothing else:
+    # not the right to receive (which would claim), nor to read the dead-letter queue.
+    queue_rights.grant(api, namespace, SERVICE_ACCOUNT, queue=QUEUE, verbs=["export"])
 
 
 SUBMITTER = "spark-submitter"
@@ -500,11 +621,12 @@ def _pod_phases(api: client.ApiClient, namespace: str) -> str:
     return ", ".join(sorted(f"{pod.metadata.name} {pod.status.phase}" for pod in pods)) or "no Spark pods yet"
 
 
-def submit_and_wait(info: NodeInfo, submission: Submission, *, kubeconfig: Path, log_path: Path) -> float:
+def submit_and_wait(info: NodeInfo, submission: Submission, *, kubeconfig: Path, work_dir: Path) -> float:
     """spark-submit in cluster mode with `kubeconfig`'s credentials, waiting for the
     application to end (progress every PROGRESS_EVERY_S); returns the seconds from
-    submit to the driver's end."""
-    command = submission.command(spark_submit_path(), info.server)
+    submit to the driver's end. Its log is work_dir/spark-submit.log."""
+    log_path = work_dir / "spark-submit.log"
+    command = submission.command(spark_submit_path(), info.server, work_dir / "pod-template.yaml")
     log(f"spark-submit ... {APPLICATION} {' '.join(submission.job_arguments())} (log: {log_path})")
     # Spark's Kubernetes client (fabric8) reads KUBECONFIG.
     environment = {**os.environ, "KUBECONFIG": str(kubeconfig)}
@@ -665,15 +787,26 @@ def _run_in_namespace(
 ) -> dict[str, Any]:
     started = time.monotonic()
     install_crds(api)
+    ca = make_tls_secret(api, namespace, work_dir / "tls")
     create_shardq(api, namespace, info.shardq_image)
     cluster_ready_s = time.monotonic() - started
     service = naming.client_service(CLUSTER)
     service_ip = client.CoreV1Api(api).read_namespaced_service(service, namespace).spec.cluster_ip
-    run_workload(f"{service_ip}:{naming.GRPC_PORT}")
+    # From the host the Service is reached by its IP: check the name the certificate carries.
+    tls = ClientTls(root_certificates=ca, server_name=in_cluster_endpoint(namespace).rsplit(":", 1)[0])
+    client.CoreV1Api(api).create_namespaced_service_account(
+        namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=WORKLOAD_ACCOUNT))
+    )
+    queue_rights.grant(api, namespace, WORKLOAD_ACCOUNT, queue=None, verbs=["send", "receive", "get"])
+    token = queue_rights.account_token(api, namespace, WORKLOAD_ACCOUNT, audiences=[TOKEN_AUDIENCE])
+    run_workload(f"{service_ip}:{naming.GRPC_PORT}", tls=tls, token=token)
     setup_s = time.monotonic() - started
     log(f"shardq cluster Ready in {cluster_ready_s:.1f}s, workload sent in {setup_s - cluster_ready_s:.1f}s")
 
     create_driver_account(api, namespace)
+    spark_token = queue_rights.account_token(api, namespace, SERVICE_ACCOUNT, audiences=[TOKEN_AUDIENCE])
+    refused = refusals(f"{service_ip}:{naming.GRPC_PORT}", tls=tls, spark_token=spark_token)
+    log(f"refused: {refused}")
     kubeconfig = write_submitter_kubeconfig(api, info, namespace, work_dir / "submitter.kubeconfig")
     submission = Submission(
         namespace=namespace,
@@ -683,7 +816,7 @@ def _run_in_namespace(
     )
     sampler = MemorySampler(info, namespace)
     with sampler.running():
-        submit_s = submit_and_wait(info, submission, kubeconfig=kubeconfig, log_path=work_dir / "spark-submit.log")
+        submit_s = submit_and_wait(info, submission, kubeconfig=kubeconfig, work_dir=work_dir)
     phase, driver_log = driver_outcome(api, submission)
     (work_dir / "driver.log").write_text(driver_log)
     if phase != "Succeeded":
@@ -703,6 +836,8 @@ def _run_in_namespace(
         "recorded_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "load_average_1m_at_end": round(os.getloadavg()[0], 2)},
         "spark_conf": submission.spark_conf() | {"spark.kubernetes.container.image": image},
+        "pod_template": submission.pod_template(),
+        "refused": refused,
         "workload": {
             "shards": SHARDS,
             "servers": SERVERS,

@@ -39,6 +39,9 @@ def test_spark_submit_on_the_node_reports_exactly_the_known_workload(real_node: 
     record = spark_on_kubernetes.run(namespace=namespace, report_parent=tmp_path, work_dir=tmp_path)
 
     report = Path(record["report_dir"]) / QUEUE
+    # The cluster refused a call without a token, and the Spark pods' account anything
+    # but export: the report below was read with the credentials the pod template gave.
+    assert record["refused"] == {"without_a_token": "UNAUTHENTICATED", "spark_account_receiving": "PERMISSION_DENIED"}
     summary = record["report_summary"]
     assert summary["shards"] == SHARDS
     assert summary["messages_sent"] == PROCESSED + POISON + PENDING
@@ -73,7 +76,8 @@ def test_the_example_spark_application_submits_what_the_command_submits() -> Non
     assert application["apiVersion"] == "sparkoperator.k8s.io/v1beta2"
     assert application["kind"] == "SparkApplication"
     spec, metadata = application["spec"], application["metadata"]
-    (volume,) = spec["volumes"]
+    volumes = {volume["name"]: volume for volume in spec["volumes"]}
+    volume = volumes[spark_on_kubernetes.REPORT_VOLUME]
     submission = Submission(
         namespace=spark_on_kubernetes.DEFAULT_NAMESPACE,
         image=spec["image"],
@@ -93,6 +97,8 @@ def test_the_example_spark_application_submits_what_the_command_submits() -> Non
     mount = f"spark.kubernetes.{{}}.volumes.hostPath.{spark_on_kubernetes.REPORT_VOLUME}"
     as_fields = {
         "spark.kubernetes.namespace": metadata["namespace"],
+        **{f"spark.kubernetes.driverEnv.{e['name']}": e["value"] for e in spec["driver"]["env"]},
+        **{f"spark.executorEnv.{e['name']}": e["value"] for e in spec["executor"]["env"]},
         "spark.kubernetes.container.image": spec["image"],
         "spark.kubernetes.container.image.pullPolicy": spec["imagePullPolicy"],
         "spark.kubernetes.authenticate.driver.serviceAccountName": driver["serviceAccount"],
@@ -119,4 +125,12 @@ def test_the_example_spark_application_submits_what_the_command_submits() -> Non
     expressed = {**as_fields, **spec["sparkConf"]}
     wanted = {key: value for key, value in submission.spark_conf().items() if key not in submission_only}
     assert expressed == wanted
-    assert volume["name"] == spark_on_kubernetes.REPORT_VOLUME
+    # What the command's pod template adds to every pod, the SparkApplication says with
+    # its own volumes and mounts: the same credentials volume, mounted alike in both roles.
+    template = submission.pod_template()["spec"]
+    assert set(volumes) == {spark_on_kubernetes.REPORT_VOLUME} | {v["name"] for v in template["volumes"]}
+    assert [volumes[v["name"]] for v in template["volumes"]] == template["volumes"]
+    (container,) = template["containers"]
+    for role in ("driver", "executor"):
+        mounts = [m for m in spec[role]["volumeMounts"] if m["name"] != spark_on_kubernetes.REPORT_VOLUME]
+        assert mounts == container["volumeMounts"], role
