@@ -88,6 +88,7 @@ def _issue(
     is_ca: bool,
     usages: list[x509.ObjectIdentifier],
     sans: list[x509.GeneralName],
+    validity: datetime.timedelta = _VALIDITY,
 ) -> x509.Certificate:
     now = datetime.datetime.now(datetime.UTC)
     builder = (
@@ -97,7 +98,7 @@ def _issue(
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + _VALIDITY)
+        .not_valid_after(now + validity)
         .add_extension(x509.BasicConstraints(ca=is_ca, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -257,10 +258,12 @@ def issue_serving_certificates(
     ip_addresses: list[str] = [],  # noqa: B006 - never mutated
     ca_name: str = "shardq-test-ca",
     stem: str = "server",
+    validity: datetime.timedelta = _VALIDITY,
 ) -> ServingCertificates:
     """Write a fresh CA and a serving certificate for `dns_names` (wildcards allowed) and
-    `ip_addresses` into `directory`. A second call with the same directory and another
-    `stem` makes a second pair under a new CA (a rotation, or a CA nobody trusts)."""
+    `ip_addresses`, valid for `validity` from now, into `directory`. A second call with
+    the same directory and another `stem` makes a second pair under a new CA (a rotation,
+    or a CA nobody trusts)."""
     directory.mkdir(parents=True, exist_ok=True)
     ca_key = _new_key()
     ca_subject = _name(ca_name)
@@ -280,6 +283,7 @@ def issue_serving_certificates(
         # Both: the servers present it to clients, and to each other.
         usages=[ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
         sans=sans,
+        validity=validity,
     )
     pair = _write_pair(directory, stem, cert, key)
     return ServingCertificates(ca=ca.cert, cert=pair.cert, key=pair.key)

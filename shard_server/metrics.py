@@ -313,6 +313,26 @@ class ShardCollector(Collector):
         yield dead_letter_targets
 
 
+class CertificateExpiryCollector(Collector):
+    """The served certificate's expiry, registered only by a server that serves TLS (a
+    server without one has no such series, rather than a zero that looks expired)."""
+
+    def __init__(self, expires_at: Callable[[], float | None]) -> None:
+        self._expires_at = expires_at
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "shardq_tls_certificate_expiration_timestamp_seconds",
+            "When the certificate this server presents on its gRPC and metrics ports expires"
+            " (its notAfter, Unix seconds). A renewed certificate counts once the server serves"
+            " it: a renewal whose files do not load leaves the old date here.",
+        )
+        expires_at = self._expires_at()
+        if expires_at is not None:
+            family.add_metric([], expires_at)
+        yield family
+
+
 class _MetricsHandler(BaseHTTPRequestHandler):
     registry: CollectorRegistry = REGISTRY
 

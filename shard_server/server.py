@@ -253,6 +253,9 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         now_ms=wall_clock_ms,
     )
     metrics.REGISTRY.register(collector)
+    expiry = None if serving_certificate is None else metrics.CertificateExpiryCollector(serving_certificate.expires_at)
+    if expiry is not None:
+        metrics.REGISTRY.register(expiry)
     metrics.record_build_info()
     metrics_server = None
     if settings.metrics_port is not None:
@@ -351,6 +354,8 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         if router is not None:
             await router.close()
         metrics.REGISTRY.unregister(collector)
+        if expiry is not None:
+            metrics.REGISTRY.unregister(expiry)
         if metrics_server is not None:
             metrics_server.shutdown()
             metrics_server.server_close()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from shard_server.runtime.certificate_expiry import not_after
 from shardq.errors import InvalidArgument
 from shardq.tls import ClientTls
 
@@ -56,6 +57,8 @@ class _Loaded:
     cert_chain: bytes
     key: bytes
     context: ssl.SSLContext
+    # When the presented certificate expires (Unix seconds); None if its dates do not read.
+    expires_at: float | None
 
 
 def _identity(path: pathlib.Path) -> FileIdentity:
@@ -84,7 +87,7 @@ def _load(files: TlsFiles) -> _Loaded:
                 f"{files.cert} and {files.key} are not a PEM certificate and its private key ({error.reason or error})"
             )
         raise InvalidArgument("--tls-cert-file", problem) from None
-    return _Loaded(identity=identity, cert_chain=cert_chain, key=key, context=context)
+    return _Loaded(identity=identity, cert_chain=cert_chain, key=key, context=context, expires_at=not_after(cert_chain))
 
 
 class ServingCertificate:
@@ -142,6 +145,12 @@ class ServingCertificate:
     def ssl_context(self) -> ssl.SSLContext:
         """The context for the next connection to the metrics port."""
         return self._current().context
+
+    def expires_at(self) -> float | None:
+        """When the certificate new connections are shown expires (Unix seconds): a
+        renewal that did not load leaves the old one's date, which is what an alert
+        must see."""
+        return self._current().expires_at
 
 
 def say_if_peer_tls_failed(error: grpc.RpcError, peer: str) -> None:

@@ -12,8 +12,10 @@ swapping `..data`), so the renewal is the one a cert-manager Secret goes through
 
 from __future__ import annotations
 
+import datetime
 import os
 import pathlib
+import re
 import shutil
 import socket
 import ssl
@@ -77,11 +79,29 @@ class MountedSecret:
         )  # fmt: skip
 
 
-def loopback_certificates(directory: pathlib.Path, stem: str) -> ServingCertificates:
-    """A CA and a certificate for the names a loopback server is reached by."""
+def loopback_certificates(directory: pathlib.Path, stem: str, days: int = 2) -> ServingCertificates:
+    """A CA and a certificate for the names a loopback server is reached by, valid `days`."""
     return issue_serving_certificates(
-        directory, dns_names=["localhost"], ip_addresses=["127.0.0.1"], ca_name=f"{stem}-ca", stem=stem
+        directory,
+        dns_names=["localhost"],
+        ip_addresses=["127.0.0.1"],
+        ca_name=f"{stem}-ca",
+        stem=stem,
+        validity=datetime.timedelta(days=days),
     )
+
+
+def expires_at(cert: pathlib.Path) -> float:
+    return x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc.timestamp()
+
+
+EXPIRY_SERIES = re.compile(r"^shardq_tls_certificate_expiration_timestamp_seconds (\S+)$", re.MULTILINE)
+
+
+def scraped_expiry(metrics_port: int, ca: pathlib.Path) -> float:
+    """The expiry the server's metrics give for the certificate it serves."""
+    (value,) = EXPIRY_SERIES.findall(scrape(f"https://127.0.0.1:{metrics_port}/metrics", ca))
+    return float(value)
 
 
 def tls_to(ca: pathlib.Path, server_name: str | None = None) -> ClientTls:
@@ -167,9 +187,11 @@ def test_a_tls_server_serves_only_clients_that_trust_its_certificate(
         assert stored_count(trusting, QUEUE) == 0
         round_trip(trusting, b"still serving")
 
-    # The metrics port serves the same certificate, and nothing in plaintext.
+    # The metrics port serves the same certificate, and nothing in plaintext; it says when
+    # the certificate expires.
     metrics_url = f"https://127.0.0.1:{tls_server.metrics_port}/metrics"
     assert "shardq_messages_sent_total" in scrape(metrics_url, ca)
+    assert scraped_expiry(tls_server.metrics_port, ca) == expires_at(secret_dir.path("tls.crt"))
     with pytest.raises((urllib.error.URLError, ConnectionError)):
         scrape(f"http://127.0.0.1:{tls_server.metrics_port}/metrics", None)
     with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
@@ -231,8 +253,10 @@ def test_a_renewed_certificate_is_served_to_new_connections_and_a_broken_one_is_
     with Client(tls_server.endpoint, ca_file=first_ca) as before:
         round_trip(before, b"before the renewal")
         assert "first-ca" in presented_issuer(tls_server.port)
+        first_expiry = scraped_expiry(tls_server.metrics_port, first_ca)
+        assert first_expiry == expires_at(secret_dir.path("tls.crt"))
 
-        renewed = loopback_certificates(tmp_path / "issued", "renewed")
+        renewed = loopback_certificates(tmp_path / "issued", "renewed", days=3)
         secret_dir.publish_pair(renewed)
         # New connections get the renewed certificate, on both ports.
         with Client(tls_server.endpoint, ca_file=renewed.ca) as after:
@@ -241,21 +265,27 @@ def test_a_renewed_certificate_is_served_to_new_connections_and_a_broken_one_is_
         assert "shardq_messages_sent_total" in scrape(
             f"https://127.0.0.1:{tls_server.metrics_port}/metrics", renewed.ca
         )
+        # The expiry follows: a day later than the first certificate's.
+        assert scraped_expiry(tls_server.metrics_port, renewed.ca) == expires_at(renewed.cert) > first_expiry
         assert "CERTIFICATE_VERIFY_FAILED" in refused(tls_to(first_ca), tls_server.endpoint)
         # A connection made before goes on as it was.
         round_trip(before, b"on the old connection")
 
     # A key that is not the certificate's (written out of step): the last good pair serves.
-    mismatched = loopback_certificates(tmp_path / "issued", "mismatched")
+    mismatched = loopback_certificates(tmp_path / "issued", "mismatched", days=4)
     secret_dir.publish(mismatched.cert.read_bytes(), renewed.key.read_bytes(), mismatched.ca.read_bytes())
     with Client(tls_server.endpoint, ca_file=renewed.ca) as still:
         round_trip(still, b"with the last good pair")
     assert "renewed-ca" in presented_issuer(tls_server.port)
     wait_for(lambda: "do not load" in tls_server.log() or None, timeout=10, what="the refused pair logged")
+    # The expiry is the served certificate's, not the new file's: an expiry alert still
+    # sees the renewal as not done.
+    assert scraped_expiry(tls_server.metrics_port, renewed.ca) == expires_at(renewed.cert)
     # Once the pair is whole, it is served.
     secret_dir.publish_pair(mismatched)
     with Client(tls_server.endpoint, ca_file=mismatched.ca) as mended:
         round_trip(mended, b"with the mended pair")
+    assert scraped_expiry(tls_server.metrics_port, mismatched.ca) == expires_at(mismatched.cert)
     assert tls_server.alive()
 
 
