@@ -26,6 +26,7 @@ ALERTS = {
     "ShardqQueueFull",
     "ShardqOperatorNotReconciling",
     "ShardqLeaseRenewalsSlow",
+    "ShardqCertificateExpiresSoon",
 }
 # What the defaults make: the operator, its rights, `helm test` and the uninstall hooks.
 DEFAULTS = {
