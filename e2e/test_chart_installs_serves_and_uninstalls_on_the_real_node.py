@@ -19,12 +19,16 @@ from __future__ import annotations
 
 import base64
 import json
+import re
+import socket
+import ssl
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -180,6 +184,21 @@ def release_cluster_objects(api: client.ApiClient, release: str = RELEASE) -> li
     )
 
 
+def scrape_over_tls(address: str, port: int, ca: bytes, server_name: str) -> str:
+    """A server pod's /metrics over HTTPS, checking its certificate for `server_name`
+    (the pod is reached by IP, which the certificate does not carry)."""
+    context = ssl.create_default_context(cadata=ca.decode())
+    with (
+        socket.create_connection((address, port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname=server_name) as secured,
+    ):
+        secured.sendall(f"GET /metrics HTTP/1.0\r\nHost: {server_name}\r\n\r\n".encode())
+        answer = b"".join(iter(lambda: secured.recv(65536), b""))
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith((b"HTTP/1.0 200", b"HTTP/1.1 200")), head
+    return body.decode()
+
+
 def make_tls_secret(api: client.ApiClient, namespace: str, directory: Path) -> bytes:
     """The Secret the chart's cluster serves TLS with, for the names its servers are
     called by (the README's "TLS"), as cert-manager writes one; its CA certificate."""
@@ -301,6 +320,15 @@ def test_the_chart_installs_serves_passes_helm_test_and_uninstalls_cleanly(
             anonymous = Client(f"{server.status.pod_ip}:7600", route_directly=False, tls=tls)
             with anonymous, pytest.raises(Unauthenticated):
                 anonymous.list_queues()
+            # Its metrics port serves HTTPS and says when the mounted certificate expires.
+            served = x509.load_pem_x509_certificate(base64.b64decode(core.read_namespaced_secret(
+                TLS_SECRET, namespace
+            ).data["tls.crt"]))  # fmt: skip
+            metrics = scrape_over_tls(server.status.pod_ip, 9600, ca, tls.server_name or "")
+            (expiry,) = re.findall(
+                r"^shardq_tls_certificate_expiration_timestamp_seconds (\S+)$", metrics, re.MULTILINE
+            )
+            assert float(expiry) == served.not_valid_after_utc.timestamp()
             binding = f"shardq:{namespace}:default:auth-delegator"
             assert client.RbacAuthorizationV1Api(api).read_cluster_role_binding(binding).subjects[0].name == (
                 "default-shardq"
