@@ -33,7 +33,6 @@ On the running real node (`e2e/cluster up`), in a namespace of its own:
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import datetime
 import json
@@ -55,7 +54,13 @@ from kubernetes.client.exceptions import ApiException
 from shardq_operator import naming
 
 from e2e import queue_rights
-from e2e.certificates import issue_serving_certificates
+from e2e.cluster_tls import (
+    CREDENTIALS_MOUNT,
+    client_service_name,
+    credentials_environment,
+    credentials_volume,
+    make_cluster_tls_secret,
+)
 from e2e.crds import install_crds
 from e2e.images import REPO_ROOT
 from e2e.operator_process import running_operator
@@ -87,11 +92,8 @@ REPORT_MOUNT = "/report"
 TLS_SECRET = "main-tls"
 WORKLOAD_ACCOUNT = "shardq-workload"
 TOKEN_AUDIENCE = "shardq"
-# What the Spark pods show shardq: a token for its audience and the CA that signed its
-# certificate, in one projected volume (the Secret's ca.crt only, never its key).
+# What the Spark pods show shardq (e2e.cluster_tls.credentials_volume).
 CREDENTIALS_VOLUME = "shardq-credentials"
-CREDENTIALS_MOUNT = "/var/run/secrets/shardq"
-TOKEN_SECONDS = 3600
 READY_S = 240.0
 SUBMIT_TIMEOUT_S = 900.0
 PROGRESS_EVERY_S = 10.0
@@ -146,48 +148,16 @@ class Submission:
     def job_arguments(self) -> list[str]:
         return ["--endpoint", self.endpoint, "--queue", self.queue, "--out", f"{REPORT_MOUNT}/{self.queue}"]
 
-    def credentials_environment(self) -> dict[str, str]:
-        """What every shardq client in the driver and the executors reads (the Spark
-        source's export connections too)."""
-        return {
-            "SHARDQ_TOKEN_FILE": f"{CREDENTIALS_MOUNT}/token",
-            "SHARDQ_CA_FILE": f"{CREDENTIALS_MOUNT}/ca.crt",
-        }
-
     def pod_template(self) -> dict[str, Any]:
         """The driver's and the executors' pod template: spark-submit has no setting for a
         projected ServiceAccount token, so the volume comes in a template (Spark keeps the
         template's volumes and adds its own; its container is the first one)."""
+        volume = credentials_volume(CREDENTIALS_VOLUME, tls_secret=self.tls_secret, audience=TOKEN_AUDIENCE)
+        mount = {"name": CREDENTIALS_VOLUME, "mountPath": CREDENTIALS_MOUNT, "readOnly": True}
         return {
             "apiVersion": "v1",
             "kind": "Pod",
-            "spec": {
-                "volumes": [
-                    {
-                        "name": CREDENTIALS_VOLUME,
-                        "projected": {
-                            "sources": [
-                                {
-                                    "serviceAccountToken": {
-                                        "audience": TOKEN_AUDIENCE,
-                                        "expirationSeconds": TOKEN_SECONDS,
-                                        "path": "token",
-                                    }
-                                },
-                                {"secret": {"name": self.tls_secret, "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
-                            ]
-                        },
-                    }
-                ],
-                "containers": [
-                    {
-                        "name": "spark",
-                        "volumeMounts": [
-                            {"name": CREDENTIALS_VOLUME, "mountPath": CREDENTIALS_MOUNT, "readOnly": True}
-                        ],
-                    }
-                ],
-            },
+            "spec": {"volumes": [volume], "containers": [{"name": "spark", "volumeMounts": [mount]}]},
         }
 
     def spark_conf(self) -> dict[str, str]:
@@ -216,7 +186,7 @@ class Submission:
             prefix = f"spark.kubernetes.{role}.volumes.hostPath.{REPORT_VOLUME}"
             conf[f"{prefix}.mount.path"] = REPORT_MOUNT
             conf[f"{prefix}.options.path"] = str(self.report_host_path)
-        for name, value in self.credentials_environment().items():
+        for name, value in credentials_environment().items():
             conf[f"spark.kubernetes.driverEnv.{name}"] = value
             conf[f"spark.executorEnv.{name}"] = value
         return conf
@@ -278,29 +248,6 @@ def _queue_ready(api: client.ApiClient, namespace: str, name: str) -> bool:
     queue = _get(api, namespace, "queues", name) or {}
     conditions = {c["type"]: c["status"] for c in queue.get("status", {}).get("conditions", [])}
     return conditions.get("Ready") == "True" and conditions.get("UnderReplicated") == "False"
-
-
-def make_tls_secret(api: client.ApiClient, namespace: str, directory: Path) -> bytes:
-    """The Secret the cluster serves TLS with, for the names its servers are called by
-    (each server by its peers' Service, the client Service), as cert-manager writes one;
-    returns its CA certificate."""
-    certificates = issue_serving_certificates(
-        directory,
-        dns_names=[
-            f"*.{naming.peers_service(CLUSTER)}.{namespace}.svc.cluster.local",
-            f"{naming.client_service(CLUSTER)}.{namespace}.svc.cluster.local",
-        ],
-    )
-    data = {"tls.crt": certificates.cert, "tls.key": certificates.key, "ca.crt": certificates.ca}
-    client.CoreV1Api(api).create_namespaced_secret(
-        namespace,
-        client.V1Secret(
-            metadata=client.V1ObjectMeta(name=TLS_SECRET),
-            type="kubernetes.io/tls",
-            data={key: base64.b64encode(path.read_bytes()).decode() for key, path in data.items()},
-        ),
-    )
-    return certificates.ca.read_bytes()
 
 
 def create_shardq(api: client.ApiClient, namespace: str, image: str) -> None:
@@ -787,13 +734,13 @@ def _run_in_namespace(
 ) -> dict[str, Any]:
     started = time.monotonic()
     install_crds(api)
-    ca = make_tls_secret(api, namespace, work_dir / "tls")
+    ca = make_cluster_tls_secret(api, namespace, cluster=CLUSTER, secret=TLS_SECRET, directory=work_dir / "tls")
     create_shardq(api, namespace, info.shardq_image)
     cluster_ready_s = time.monotonic() - started
     service = naming.client_service(CLUSTER)
     service_ip = client.CoreV1Api(api).read_namespaced_service(service, namespace).spec.cluster_ip
     # From the host the Service is reached by its IP: check the name the certificate carries.
-    tls = ClientTls(root_certificates=ca, server_name=in_cluster_endpoint(namespace).rsplit(":", 1)[0])
+    tls = ClientTls(root_certificates=ca, server_name=client_service_name(CLUSTER, namespace))
     client.CoreV1Api(api).create_namespaced_service_account(
         namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=WORKLOAD_ACCOUNT))
     )

@@ -33,7 +33,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e.binaries import Binaries
-from e2e.certificates import issue_serving_certificates
+from e2e.cluster_tls import make_cluster_tls_secret
 from e2e.helm import CHART, helm
 from e2e.polling import wait_for
 from e2e.realnode import RunningNode
@@ -199,28 +199,6 @@ def scrape_over_tls(address: str, port: int, ca: bytes, server_name: str) -> str
     return body.decode()
 
 
-def make_tls_secret(api: client.ApiClient, namespace: str, directory: Path) -> bytes:
-    """The Secret the chart's cluster serves TLS with, for the names its servers are
-    called by (the README's "TLS"), as cert-manager writes one; its CA certificate."""
-    certificates = issue_serving_certificates(
-        directory,
-        dns_names=[
-            f"*.default-shardq-peers.{namespace}.svc.cluster.local",
-            f"default-shardq.{namespace}.svc.cluster.local",
-        ],
-    )
-    data = {"tls.crt": certificates.cert, "tls.key": certificates.key, "ca.crt": certificates.ca}
-    client.CoreV1Api(api).create_namespaced_secret(
-        namespace,
-        client.V1Secret(
-            metadata=client.V1ObjectMeta(name=TLS_SECRET),
-            type="kubernetes.io/tls",
-            data={key: base64.b64encode(path.read_bytes()).decode() for key, path in data.items()},
-        ),
-    )
-    return certificates.ca.read_bytes()
-
-
 def test_the_chart_installs_serves_passes_helm_test_and_uninstalls_cleanly(
     real_node: RunningNode, node_namespace: str, binaries: Binaries, tmp_path: Path
 ) -> None:
@@ -251,7 +229,7 @@ def test_the_chart_installs_serves_passes_helm_test_and_uninstalls_cleanly(
     assert "wrong" not in helm(binaries, "list", "--short", *kube).stdout
 
     with info.api_client() as api:
-        ca = make_tls_secret(api, namespace, tmp_path / "tls")
+        ca = make_cluster_tls_secret(api, namespace, cluster="default", secret=TLS_SECRET, directory=tmp_path / "tls")
     try:
         started = time.monotonic()
         installed = helm(binaries, "install", RELEASE, CHART, *kube, *sets, "--wait", "--timeout", "4m", timeout=300)

@@ -2,12 +2,15 @@
 trusting it:
 
 1. `helm install` the chart: the operator Deployment (two pods) becomes Available.
-2. `kubectl apply` a ShardqCluster of 3 servers and on it Queues: `orders` (4 shards,
-   replicas 3, dead letters to `orders-dlq`), `fifo` (2 shards), `payments` with its DLQ;
+2. `kubectl apply` a ShardqCluster of 3 servers, secured as production runs it (TLS with a
+   kubernetes.io/tls Secret as cert-manager writes one; every client shows a ServiceAccount
+   token and needs a right to the queue), and on it Queues: `orders` (4 shards, replicas 3,
+   dead letters to `orders-dlq`), `fifo` (2 shards), `payments` with its DLQ;
    `kubectl get shardqclusters,queues,shards` shows them Ready, every shard led; `helm test`
-   passes.
+   passes (over TLS, with a token); a plaintext call and a call without a token are refused.
 3. A producer Job and a consumer Job (pods running the fault suite's workload with the
-   image's shardq client, every call recorded) run through:
+   image's shardq client, every call recorded; their ServiceAccount may send, receive and
+   read counts, and a projected volume gives them its token and the CA) run through:
    a leader pod deleted; a leader's server SIGKILLed in its container; a leader paused with
    SIGSTOP past its lease, then SIGCONT; the leading operator's pod killed (SIGKILL) together
    with a leader server, so the standby operator must finish that failover; a new pod
@@ -40,7 +43,9 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from e2e import queue_rights
 from e2e.binaries import Binaries
+from e2e.cluster_tls import client_service_name, make_cluster_tls_secret
 from e2e.helm import CHART, helm
 from e2e.polling import wait_for
 from e2e.processes import container_process, server_pid
@@ -48,8 +53,12 @@ from e2e.realnode import RunningNode
 from e2e.rollouts import pod_uids, wait_every_pod_replaced
 from e2e.test_chart_installs_serves_and_uninstalls_on_the_real_node import leftovers, release_cluster_objects
 from e2e.test_operator_runs_queues_on_a_shardq_cluster import GROUP, VERSION, get, queue_ready, shard_leaders
-from e2e.workload_jobs import WorkloadJob, merge_histories, start_jobs
+from e2e.workload_jobs import PodCredentials, WorkloadJob, merge_histories, start_jobs
+from shardq import Client
+from shardq.bearer_tokens import TOKEN_FILE_ENV
 from shardq.coordination.leases import ISR_ANNOTATION
+from shardq.errors import Unauthenticated, Unavailable
+from shardq.tls import CA_FILE_ENV, SERVER_NAME_ENV
 from tests.faults.checking import QueueSpec, check_history, format_violations
 from tests.faults.history import History, Send, StoredMessage, dump_history
 from tests.faults.workload import Workload, WorkloadConfig, read_stored
@@ -69,6 +78,12 @@ FAILOVER_S = 60.0
 SETTLE_S = 300.0
 PROGRESS_AFTER_FAULT = 60
 PAUSED_PAST_LEASE_S = 8.0
+TLS_SECRET = "main-tls"
+AUDIENCE = "shardq"
+# The Jobs' account (send, receive, get), and the platform team's own from this host
+# (every verb: the CLI's stats, redrive and purge, the final export).
+WORKLOAD_ACCOUNT = "workload"
+ADMIN_ACCOUNT = "platform-admin"
 
 
 def manifests(namespace: str, image: str) -> list[dict[str, Any]]:
@@ -95,6 +110,8 @@ def manifests(namespace: str, image: str) -> list[dict[str, Any]]:
                 "storage": {"size": "100Mi"},
                 # Leadership stays where the faults put it: the test picks its victims by it.
                 "rebalance": {"mode": "off"},
+                "tls": {"secretName": TLS_SECRET},
+                "clientAuthentication": {"mode": "kubernetes", "audience": AUDIENCE},
             },
         ),
         resource("Queue", "orders-dlq", {**queue, "shards": 1}),
@@ -132,6 +149,8 @@ class Platform:
         self.apps = client.AppsV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.notes: list[str] = []
+        # The Roles (and their bindings, of the same names) granting rights on queues.
+        self.rights: list[str] = []
         self.started = time.monotonic()
         repository, self.tag = self.info.shardq_image.rsplit(":", 1)
         self.values = (
@@ -140,6 +159,9 @@ class Platform:
             "image.pullPolicy=Never",
             f"cluster.name={CLUSTER}",
             f"operator.watchNamespaces={{{namespace}}}",
+            # `helm test` speaks to the cluster as its clients must.
+            f"cluster.tls.secretName={TLS_SECRET}",
+            "cluster.clientAuthentication.mode=kubernetes",
         )
 
     def note(self, text: str) -> None:
@@ -167,6 +189,37 @@ class Platform:
         done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
         assert done.returncode == 0, f"shardq {' '.join(args)} failed ({done.returncode}):\n{done.stderr}"
         return done.stdout
+
+    def secure(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The cluster's TLS Secret; the Jobs' account and this host's, with their rights;
+        and this process's shardq clients (the CLI's too) told the CA, the name to check
+        (the client Service is reached by its IP) and the admin's token."""
+        ca = make_cluster_tls_secret(
+            self.api, self.namespace, cluster=CLUSTER, secret=TLS_SECRET, directory=self.root / "tls"
+        )
+        (self.root / "ca.crt").write_bytes(ca)
+        for account, verbs in (
+            (WORKLOAD_ACCOUNT, ["send", "receive", "get"]),
+            (ADMIN_ACCOUNT, queue_rights.EVERY_VERB),
+        ):
+            self.core.create_namespaced_service_account(
+                self.namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=account))
+            )
+            self.rights.append(queue_rights.grant(self.api, self.namespace, account, queue=None, verbs=verbs))
+        token = queue_rights.account_token(self.api, self.namespace, ADMIN_ACCOUNT, audiences=[AUDIENCE])
+        (self.root / "admin.token").write_text(token)
+        monkeypatch.setenv(CA_FILE_ENV, str(self.root / "ca.crt"))
+        monkeypatch.setenv(SERVER_NAME_ENV, client_service_name(CLUSTER, self.namespace))
+        monkeypatch.setenv(TOKEN_FILE_ENV, str(self.root / "admin.token"))
+
+    def check_refusals(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Neither a plaintext client nor one without a token gets anything."""
+        with monkeypatch.context() as without_a_token:
+            without_a_token.delenv(TOKEN_FILE_ENV)
+            with Client(self.endpoint, route_directly=False, tls=False) as plaintext, pytest.raises(Unavailable):
+                plaintext.list_queues()
+            with Client(self.endpoint, route_directly=False) as anonymous, pytest.raises(Unauthenticated):
+                anonymous.attributes("orders")
 
     @property
     def endpoint(self) -> str:
@@ -488,9 +541,10 @@ FAULTS = (
 
 
 def test_the_whole_system_keeps_every_message_through_faults_upgrade_and_redrive(
-    platform: Platform, tmp_path: pathlib.Path
+    platform: Platform, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     namespace = platform.namespace
+    platform.secure(monkeypatch)
     platform.helm("install", RELEASE, str(CHART), *[a for v in platform.values for a in ("--set", v)], "--wait",
                   "--timeout", "5m")  # fmt: skip
     platform.note("helm install: the operator Deployment is Available")
@@ -509,10 +563,17 @@ def test_the_whole_system_keeps_every_message_through_faults_upgrade_and_redrive
     tested = platform.helm("test", RELEASE, "--logs", "--timeout", "4m")
     assert "PASS: sent, received and deleted message" in tested.stdout, tested.stdout
     platform.note("helm test passed")
+    platform.check_refusals(monkeypatch)
+    platform.note("a plaintext call and a call without a token refused")
 
     service = f"{STATEFULSET}.{namespace}.svc.cluster.local:7600"
     producers, consumers = start_jobs(
-        platform.api, namespace, image=platform.info.shardq_image, endpoint=service, seed=14
+        platform.api,
+        namespace,
+        image=platform.info.shardq_image,
+        endpoint=service,
+        seed=14,
+        credentials=PodCredentials(service_account=WORKLOAD_ACCOUNT, tls_secret=TLS_SECRET, audience=AUDIENCE),
     )
     jobs = (producers, consumers)
     for job in jobs:
@@ -556,6 +617,9 @@ def test_the_whole_system_keeps_every_message_through_faults_upgrade_and_redrive
     platform.kubectl("delete", "configmap", "workload-code", "--ignore-not-found")
     platform.kubectl("delete", "queues", "--all", "--wait=true", "--timeout=180s")
     platform.kubectl("delete", "shardqcluster", CLUSTER, "--wait=true", "--timeout=180s")
+    platform.kubectl("delete", "secret", TLS_SECRET)
+    platform.kubectl("delete", "serviceaccounts", WORKLOAD_ACCOUNT, ADMIN_ACCOUNT)
+    platform.kubectl("delete", *[f"{kind}/{name}" for name in platform.rights for kind in ("role", "rolebinding")])
     platform.helm("uninstall", RELEASE, "--wait", "--timeout", "4m")
 
     def only_volumes_left() -> dict[str, list[str]] | None:

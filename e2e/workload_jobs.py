@@ -18,6 +18,7 @@ from typing import Any
 
 from kubernetes import client
 
+from e2e.cluster_tls import CREDENTIALS_MOUNT, credentials_environment, credentials_volume
 from e2e.polling import wait_for
 from e2e.realnode import NodeInfo
 from e2e.workload_pod import HISTORY_PREFIX, PROGRESS_PREFIX
@@ -45,24 +46,56 @@ def code_config_map(namespace: str) -> client.V1ConfigMap:
     return client.V1ConfigMap(metadata=client.V1ObjectMeta(name=CODE_CONFIGMAP, namespace=namespace), data=data)
 
 
-def job(name: str, namespace: str, *, image: str, role: str, endpoint: str, seed: int) -> client.V1Job:
+@dataclasses.dataclass(frozen=True)
+class PodCredentials:
+    """What the workload's pods show a cluster that serves TLS and asks for tokens: they run
+    as `service_account` and mount a token for `audience` and `tls_secret`'s ca.crt."""
+
+    service_account: str
+    tls_secret: str
+    audience: str
+
+
+CREDENTIALS_VOLUME = "shardq-credentials"
+
+
+def job(
+    name: str,
+    namespace: str,
+    *,
+    image: str,
+    role: str,
+    endpoint: str,
+    seed: int,
+    credentials: PodCredentials | None = None,
+) -> client.V1Job:
     items = [client.V1KeyToPath(key=key, path=path.removeprefix("e2e/")) for key, path in sorted(CODE_FILES.items())]
+    env = [client.V1EnvVar(name="PYTHONPATH", value=MOUNT)]
+    mounts = [client.V1VolumeMount(name="code", mount_path=MOUNT, read_only=True)]
+    volumes: list[Any] = [
+        client.V1Volume(name="code", config_map=client.V1ConfigMapVolumeSource(name=CODE_CONFIGMAP, items=items))
+    ]
+    if credentials is not None:
+        env += [client.V1EnvVar(name=key, value=value) for key, value in credentials_environment().items()]
+        mounts.append(client.V1VolumeMount(name=CREDENTIALS_VOLUME, mount_path=CREDENTIALS_MOUNT, read_only=True))
+        volumes.append(
+            credentials_volume(CREDENTIALS_VOLUME, tls_secret=credentials.tls_secret, audience=credentials.audience)
+        )
     container = client.V1Container(
         name="workload",
         image=image,
         image_pull_policy="Never",
         command=["python3", f"{MOUNT}/workload_pod.py"],
         args=["--role", role, "--endpoint", endpoint, "--seed", str(seed)],
-        env=[client.V1EnvVar(name="PYTHONPATH", value=MOUNT)],
-        volume_mounts=[client.V1VolumeMount(name="code", mount_path=MOUNT, read_only=True)],
+        env=env,
+        volume_mounts=mounts,
         resources=client.V1ResourceRequirements(requests={"cpu": "50m", "memory": "96Mi"}),
     )
     pod = client.V1PodSpec(
         restart_policy="Never",
         containers=[container],
-        volumes=[
-            client.V1Volume(name="code", config_map=client.V1ConfigMapVolumeSource(name=CODE_CONFIGMAP, items=items))
-        ],
+        volumes=volumes,
+        service_account_name=None if credentials is None else credentials.service_account,
         termination_grace_period_seconds=90,
     )
     return client.V1Job(
@@ -137,16 +170,23 @@ class WorkloadJob:
 
 
 def start_jobs(
-    api: client.ApiClient, namespace: str, *, image: str, endpoint: str, seed: int
+    api: client.ApiClient,
+    namespace: str,
+    *,
+    image: str,
+    endpoint: str,
+    seed: int,
+    credentials: PodCredentials | None = None,
 ) -> tuple[WorkloadJob, WorkloadJob]:
-    """The code ConfigMap, then a producer Job and a consumer Job."""
+    """The code ConfigMap, then a producer Job and a consumer Job (showing `credentials`)."""
     core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
     core.create_namespaced_config_map(namespace, code_config_map(namespace))
     started = []
     for role in ("producers", "consumers"):
         name = f"workload-{role}"
         batch.create_namespaced_job(
-            namespace, job(name, namespace, image=image, role=role, endpoint=endpoint, seed=seed)
+            namespace,
+            job(name, namespace, image=image, role=role, endpoint=endpoint, seed=seed, credentials=credentials),
         )
         started.append(WorkloadJob(name, namespace, core, batch))
     return started[0], started[1]

@@ -31,8 +31,10 @@ import grpc
 
 from shardq import AsyncClient, Message, QueueAttributes, ReceivedMessage
 from shardq.api.v1 import export_pb2, export_pb2_grpc
+from shardq.bearer_tokens import bearer_token, with_token
 from shardq.errors import Reason, ShardqError
 from shardq.status import error_from_rpc
+from shardq.tls import aio_channel, client_tls
 from tests.faults.history import (
     ChangeVisibility,
     Delete,
@@ -539,8 +541,10 @@ async def _export_shard(candidates: Sequence[str], queue: str, shard: int, *, ti
 
 
 async def _export_from(endpoint: str, queue: str, shard: int, *, timeout: float) -> list[StoredMessage]:
-    async with grpc.aio.insecure_channel(endpoint) as channel:
-        stub = export_pb2_grpc.ExportServiceStub(channel)
+    # TLS and a token as every shardq client finds them (SHARDQ_CA_FILE, SHARDQ_TOKEN_FILE):
+    # none for the local clusters, the Secret's CA and a token for the real node's.
+    async with aio_channel(endpoint, client_tls()) as channel:
+        stub = with_token(export_pb2_grpc.ExportServiceStub(channel), bearer_token())
         request = export_pb2.ExportMessagesRequest(queue=queue, shard=shard, include_body=True)
         messages: list[StoredMessage] = []
         async with asyncio.timeout(timeout):

@@ -1,0 +1,76 @@
+"""A ShardqCluster's TLS Secret, made as cert-manager would make it, for tests on a real
+API server: a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt, whose
+certificate carries the names the cluster's servers are called by (the README's "TLS");
+and what a client pod of such a cluster mounts."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from shardq_operator import naming
+
+from e2e.certificates import issue_serving_certificates
+from shardq.bearer_tokens import TOKEN_FILE_ENV
+from shardq.tls import CA_FILE_ENV
+
+
+def server_names(cluster: str, namespace: str) -> list[str]:
+    """Each server by its peers' Service, and the client Service."""
+    return [
+        f"*.{naming.peers_service(cluster)}.{namespace}.svc.cluster.local",
+        f"{naming.client_service(cluster)}.{namespace}.svc.cluster.local",
+    ]
+
+
+def client_service_name(cluster: str, namespace: str) -> str:
+    """The name a client that reaches the client Service by its IP checks the certificate for."""
+    return f"{naming.client_service(cluster)}.{namespace}.svc.cluster.local"
+
+
+def make_cluster_tls_secret(
+    api: client.ApiClient, namespace: str, *, cluster: str, secret: str, directory: Path
+) -> bytes:
+    """The Secret `secret` that `cluster` serves TLS with (its files also written to
+    `directory`); returns its CA certificate."""
+    certificates = issue_serving_certificates(directory, dns_names=server_names(cluster, namespace))
+    data = {"tls.crt": certificates.cert, "tls.key": certificates.key, "ca.crt": certificates.ca}
+    client.CoreV1Api(api).create_namespaced_secret(
+        namespace,
+        client.V1Secret(
+            metadata=client.V1ObjectMeta(name=secret),
+            type="kubernetes.io/tls",
+            data={key: base64.b64encode(path.read_bytes()).decode() for key, path in data.items()},
+        ),
+    )
+    return certificates.ca.read_bytes()
+
+
+# Where a client pod is shown shardq's credentials: a token for shardq's audience and the
+# CA that signed the cluster's certificate, in one projected volume (the Secret's ca.crt
+# only, never its key), and the variables every shardq client in the pod reads.
+CREDENTIALS_MOUNT = "/var/run/secrets/shardq"
+TOKEN_SECONDS = 3600
+
+
+def credentials_volume(name: str, *, tls_secret: str, audience: str) -> dict[str, Any]:
+    """The projected volume (as the API takes it) with the pod's token and the CA."""
+    return {
+        "name": name,
+        "projected": {
+            "sources": [
+                {"serviceAccountToken": {"audience": audience, "expirationSeconds": TOKEN_SECONDS, "path": "token"}},
+                {"secret": {"name": tls_secret, "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+            ]
+        },
+    }
+
+
+def credentials_environment() -> dict[str, str]:
+    """What the shardq clients in a pod with credentials_volume at CREDENTIALS_MOUNT read."""
+    return {
+        TOKEN_FILE_ENV: f"{CREDENTIALS_MOUNT}/token",
+        CA_FILE_ENV: f"{CREDENTIALS_MOUNT}/ca.crt",
+    }
