@@ -55,14 +55,22 @@ CREDENTIALS_MOUNT = "/var/run/secrets/shardq"
 TOKEN_SECONDS = 3600
 
 
-def credentials_volume(name: str, *, tls_secret: str, audience: str) -> dict[str, Any]:
-    """The projected volume (as the API takes it) with the pod's token and the CA."""
+def credentials_volume(
+    name: str, *, audience: str, ca_secret: str | None = None, ca_config_map: str | None = None
+) -> dict[str, Any]:
+    """The projected volume (as the API takes it) with the pod's token and the CA: the
+    cluster's TLS Secret's ca.crt (`ca_secret`, for pods in the cluster's namespace), or
+    a ConfigMap's (`ca_config_map`: a pod elsewhere cannot mount the Secret; a CA
+    certificate is no secret, so it is copied, or trust-manager distributes it)."""
+    if (ca_secret is None) == (ca_config_map is None):
+        raise ValueError("give the CA's Secret or its ConfigMap")
+    source = "secret" if ca_secret is not None else "configMap"
     return {
         "name": name,
         "projected": {
             "sources": [
                 {"serviceAccountToken": {"audience": audience, "expirationSeconds": TOKEN_SECONDS, "path": "token"}},
-                {"secret": {"name": tls_secret, "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {source: {"name": ca_secret or ca_config_map, "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
             ]
         },
     }

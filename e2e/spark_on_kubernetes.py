@@ -17,7 +17,8 @@ On the running real node (`e2e/cluster up`), in a namespace of its own:
 4. runs this machine's `spark-submit --master k8s://<API server> --deploy-mode cluster`
    with the image and `local:///opt/shardq/report_job.py`; a pod template gives the
    driver and each executor a projected volume with a token for audience shardq and the
-   Secret's ca.crt (not its key), and SHARDQ_TOKEN_FILE and SHARDQ_CA_FILE point at them;
+   CA (copied from the Secret into a ConfigMap, as a job in another namespace than the
+   cluster's must have it), and SHARDQ_TOKEN_FILE and SHARDQ_CA_FILE point at them;
    the job reads the shards over TLS by the cluster's in-cluster DNS name (its client
    Service; each shard's leader by its pod's DNS name) and writes Parquet and the report
    to a hostPath volume: this is a single node, so driver and executors share one
@@ -92,8 +93,10 @@ REPORT_MOUNT = "/report"
 TLS_SECRET = "main-tls"
 WORKLOAD_ACCOUNT = "shardq-workload"
 TOKEN_AUDIENCE = "shardq"
-# What the Spark pods show shardq (e2e.cluster_tls.credentials_volume).
+# What the Spark pods show shardq (e2e.cluster_tls.credentials_volume): a token, and the
+# CA from a ConfigMap, as a job in another namespace than the cluster's must have it.
 CREDENTIALS_VOLUME = "shardq-credentials"
+CA_CONFIG_MAP = "shardq-ca"
 READY_S = 240.0
 SUBMIT_TIMEOUT_S = 900.0
 PROGRESS_EVERY_S = 10.0
@@ -139,7 +142,7 @@ class Submission:
     # The node's two cores are shared: ask for little, use what is free.
     cpu_request: str = "100m"
     service_account: str = SERVICE_ACCOUNT
-    tls_secret: str = TLS_SECRET
+    ca_config_map: str = CA_CONFIG_MAP
 
     @property
     def driver_pod(self) -> str:
@@ -152,7 +155,7 @@ class Submission:
         """The driver's and the executors' pod template: spark-submit has no setting for a
         projected ServiceAccount token, so the volume comes in a template (Spark keeps the
         template's volumes and adds its own; its container is the first one)."""
-        volume = credentials_volume(CREDENTIALS_VOLUME, tls_secret=self.tls_secret, audience=TOKEN_AUDIENCE)
+        volume = credentials_volume(CREDENTIALS_VOLUME, audience=TOKEN_AUDIENCE, ca_config_map=self.ca_config_map)
         mount = {"name": CREDENTIALS_VOLUME, "mountPath": CREDENTIALS_MOUNT, "readOnly": True}
         return {
             "apiVersion": "v1",
@@ -751,6 +754,10 @@ def _run_in_namespace(
     log(f"shardq cluster Ready in {cluster_ready_s:.1f}s, workload sent in {setup_s - cluster_ready_s:.1f}s")
 
     create_driver_account(api, namespace)
+    # The CA is copied, as a job in another namespace than the cluster's must have it.
+    client.CoreV1Api(api).create_namespaced_config_map(
+        namespace, client.V1ConfigMap(metadata=client.V1ObjectMeta(name=CA_CONFIG_MAP), data={"ca.crt": ca.decode()})
+    )
     spark_token = queue_rights.account_token(api, namespace, SERVICE_ACCOUNT, audiences=[TOKEN_AUDIENCE])
     refused = refusals(f"{service_ip}:{naming.GRPC_PORT}", tls=tls, spark_token=spark_token)
     log(f"refused: {refused}")

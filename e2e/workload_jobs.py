@@ -79,7 +79,7 @@ def job(
         env += [client.V1EnvVar(name=key, value=value) for key, value in credentials_environment().items()]
         mounts.append(client.V1VolumeMount(name=CREDENTIALS_VOLUME, mount_path=CREDENTIALS_MOUNT, read_only=True))
         volumes.append(
-            credentials_volume(CREDENTIALS_VOLUME, tls_secret=credentials.tls_secret, audience=credentials.audience)
+            credentials_volume(CREDENTIALS_VOLUME, audience=credentials.audience, ca_secret=credentials.tls_secret)
         )
     container = client.V1Container(
         name="workload",
