@@ -271,6 +271,37 @@ def issue_serving_certificates(
         subject=ca_subject, key=ca_key, issuer=ca_subject, issuer_key=ca_key, is_ca=True, usages=[], sans=[]
     )
     ca = _write_pair(directory, f"{stem}-ca", ca_cert, ca_key)
+    return _issue_serving(
+        directory, ca=ca, dns_names=dns_names, ip_addresses=ip_addresses, stem=stem, validity=validity
+    )
+
+
+def renew_serving_certificate(
+    issued: ServingCertificates,
+    *,
+    dns_names: list[str],
+    stem: str,
+    validity: datetime.timedelta = _VALIDITY,
+) -> ServingCertificates:
+    """A new key and certificate for `dns_names` from the CA that signed `issued` (what a
+    cert-manager renewal writes: ca.crt unchanged), written beside it under `stem`."""
+    ca = KeyPair(cert=issued.ca, key=issued.ca.with_suffix(".key"))
+    return _issue_serving(issued.ca.parent, ca=ca, dns_names=dns_names, ip_addresses=[], stem=stem, validity=validity)
+
+
+def _issue_serving(
+    directory: Path,
+    *,
+    ca: KeyPair,
+    dns_names: list[str],
+    ip_addresses: list[str],
+    stem: str,
+    validity: datetime.timedelta,
+) -> ServingCertificates:
+    ca_cert = x509.load_pem_x509_certificate(ca.cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    ca_subject = ca_cert.subject
     key = _new_key()
     sans: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
     sans += [x509.IPAddress(ipaddress.ip_address(address)) for address in ip_addresses]

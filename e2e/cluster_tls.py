@@ -6,13 +6,14 @@ and what a client pod of such a cluster mounts."""
 from __future__ import annotations
 
 import base64
+import datetime
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 from shardq_operator import naming
 
-from e2e.certificates import issue_serving_certificates
+from e2e.certificates import ServingCertificates, issue_serving_certificates, renew_serving_certificate
 from shardq.bearer_tokens import TOKEN_FILE_ENV
 from shardq.tls import CA_FILE_ENV
 
@@ -30,22 +31,45 @@ def client_service_name(cluster: str, namespace: str) -> str:
     return f"{naming.client_service(cluster)}.{namespace}.svc.cluster.local"
 
 
+def _encoded(files: dict[str, Path]) -> dict[str, str]:
+    return {key: base64.b64encode(path.read_bytes()).decode() for key, path in files.items()}
+
+
 def make_cluster_tls_secret(
     api: client.ApiClient, namespace: str, *, cluster: str, secret: str, directory: Path
-) -> bytes:
-    """The Secret `secret` that `cluster` serves TLS with (its files also written to
-    `directory`); returns its CA certificate."""
+) -> ServingCertificates:
+    """The Secret `secret` that `cluster` serves TLS with, its files also written to
+    `directory` (ServingCertificates.ca is the CA certificate clients trust)."""
     certificates = issue_serving_certificates(directory, dns_names=server_names(cluster, namespace))
-    data = {"tls.crt": certificates.cert, "tls.key": certificates.key, "ca.crt": certificates.ca}
     client.CoreV1Api(api).create_namespaced_secret(
         namespace,
         client.V1Secret(
             metadata=client.V1ObjectMeta(name=secret),
             type="kubernetes.io/tls",
-            data={key: base64.b64encode(path.read_bytes()).decode() for key, path in data.items()},
+            data=_encoded({"tls.crt": certificates.cert, "tls.key": certificates.key, "ca.crt": certificates.ca}),
         ),
     )
-    return certificates.ca.read_bytes()
+    return certificates
+
+
+def renew_cluster_tls_secret(
+    api: client.ApiClient,
+    namespace: str,
+    *,
+    cluster: str,
+    secret: str,
+    issued: ServingCertificates,
+    validity: datetime.timedelta,
+) -> ServingCertificates:
+    """What a cert-manager renewal does to the Secret: a new key and certificate from the
+    same CA written in place (ca.crt unchanged)."""
+    renewed = renew_serving_certificate(
+        issued, dns_names=server_names(cluster, namespace), stem="renewed", validity=validity
+    )
+    client.CoreV1Api(api).patch_namespaced_secret(
+        secret, namespace, {"data": _encoded({"tls.crt": renewed.cert, "tls.key": renewed.key})}
+    )
+    return renewed
 
 
 # Where a client pod is shown shardq's credentials: a token for shardq's audience and the

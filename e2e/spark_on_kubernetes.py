@@ -737,7 +737,8 @@ def _run_in_namespace(
 ) -> dict[str, Any]:
     started = time.monotonic()
     install_crds(api)
-    ca = make_cluster_tls_secret(api, namespace, cluster=CLUSTER, secret=TLS_SECRET, directory=work_dir / "tls")
+    issued = make_cluster_tls_secret(api, namespace, cluster=CLUSTER, secret=TLS_SECRET, directory=work_dir / "tls")
+    ca = issued.ca.read_bytes()
     create_shardq(api, namespace, info.shardq_image)
     cluster_ready_s = time.monotonic() - started
     service = naming.client_service(CLUSTER)

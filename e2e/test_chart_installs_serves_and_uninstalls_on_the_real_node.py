@@ -17,7 +17,7 @@ naming them, until they are deleted or the release is set to leave them unserved
 
 from __future__ import annotations
 
-import base64
+import datetime
 import json
 import re
 import socket
@@ -33,7 +33,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e.binaries import Binaries
-from e2e.cluster_tls import make_cluster_tls_secret
+from e2e.cluster_tls import make_cluster_tls_secret, renew_cluster_tls_secret
 from e2e.helm import CHART, helm
 from e2e.polling import wait_for
 from e2e.realnode import RunningNode
@@ -50,6 +50,7 @@ ON_OURS, ELSEWHERE = "made-by-hand", "on-another-cluster"
 READY_S = 240.0
 SERVERS = 3
 TLS_SECRET = "shardq-tls"
+EXPIRY_SERIES = re.compile(r"^shardq_tls_certificate_expiration_timestamp_seconds (\S+)$", re.MULTILINE)
 
 
 def timed(what: str, started: float) -> None:
@@ -184,6 +185,20 @@ def release_cluster_objects(api: client.ApiClient, release: str = RELEASE) -> li
     )
 
 
+def not_after(cert: Path) -> float:
+    return x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc.timestamp()
+
+
+def restarts(pod: Any) -> int:
+    return sum(status.restart_count for status in pod.status.container_statuses or [])
+
+
+def served_expiry(address: str, ca: bytes, server_name: str) -> float:
+    """The expiry of the certificate a server pod serves, from its HTTPS metrics."""
+    (expiry,) = EXPIRY_SERIES.findall(scrape_over_tls(address, 9600, ca, server_name))
+    return float(expiry)
+
+
 def scrape_over_tls(address: str, port: int, ca: bytes, server_name: str) -> str:
     """A server pod's /metrics over HTTPS, checking its certificate for `server_name`
     (the pod is reached by IP, which the certificate does not carry)."""
@@ -229,7 +244,10 @@ def test_the_chart_installs_serves_passes_helm_test_and_uninstalls_cleanly(
     assert "wrong" not in helm(binaries, "list", "--short", *kube).stdout
 
     with info.api_client() as api:
-        ca = make_cluster_tls_secret(api, namespace, cluster="default", secret=TLS_SECRET, directory=tmp_path / "tls")
+        issued = make_cluster_tls_secret(
+            api, namespace, cluster="default", secret=TLS_SECRET, directory=tmp_path / "tls"
+        )
+    ca = issued.ca.read_bytes()
     try:
         started = time.monotonic()
         installed = helm(binaries, "install", RELEASE, CHART, *kube, *sets, "--wait", "--timeout", "4m", timeout=300)
@@ -299,14 +317,35 @@ def test_the_chart_installs_serves_passes_helm_test_and_uninstalls_cleanly(
             with anonymous, pytest.raises(Unauthenticated):
                 anonymous.list_queues()
             # Its metrics port serves HTTPS and says when the mounted certificate expires.
-            served = x509.load_pem_x509_certificate(base64.b64decode(core.read_namespaced_secret(
-                TLS_SECRET, namespace
-            ).data["tls.crt"]))  # fmt: skip
-            metrics = scrape_over_tls(server.status.pod_ip, 9600, ca, tls.server_name or "")
-            (expiry,) = re.findall(
-                r"^shardq_tls_certificate_expiration_timestamp_seconds (\S+)$", metrics, re.MULTILINE
+            servers = [core.read_namespaced_pod(f"default-shardq-{n}", namespace) for n in range(SERVERS)]
+
+            def served_expiries() -> list[float]:
+                return [served_expiry(pod.status.pod_ip, ca, tls.server_name or "") for pod in servers]
+
+            assert served_expiries() == [not_after(issued.cert)] * SERVERS
+            # A renewal as cert-manager writes it (a new key and certificate from the same CA,
+            # in place in the Secret) reaches every server through the kubelet's update of
+            # the mounted Secret, and is served without a restart.
+            renewed_at = time.monotonic()
+            renewed = renew_cluster_tls_secret(
+                api, namespace, cluster="default", secret=TLS_SECRET, issued=issued, validity=datetime.timedelta(days=3)
             )
-            assert float(expiry) == served.not_valid_after_utc.timestamp()
+            wait_for(
+                lambda: served_expiries() == [not_after(renewed.cert)] * SERVERS,
+                timeout=240,
+                interval=2,
+                what="every server serving the renewed certificate",
+            )
+            timed("the renewed certificate served by every server", renewed_at)
+            now = [core.read_namespaced_pod(pod.metadata.name, namespace) for pod in servers]
+            assert [(pod.metadata.uid, restarts(pod)) for pod in now] == [
+                (pod.metadata.uid, restarts(pod)) for pod in servers
+            ], "a renewal by the same CA restarted a server"
+            with (
+                Client(f"{server.status.pod_ip}:7600", route_directly=False, tls=tls) as after,
+                pytest.raises(Unauthenticated),
+            ):
+                after.list_queues()
             binding = f"shardq:{namespace}:default:auth-delegator"
             assert client.RbacAuthorizationV1Api(api).read_cluster_role_binding(binding).subjects[0].name == (
                 "default-shardq"

@@ -194,10 +194,10 @@ class Platform:
         """The cluster's TLS Secret; the Jobs' account and this host's, with their rights;
         and this process's shardq clients (the CLI's too) told the CA, the name to check
         (the client Service is reached by its IP) and the admin's token."""
-        ca = make_cluster_tls_secret(
+        issued = make_cluster_tls_secret(
             self.api, self.namespace, cluster=CLUSTER, secret=TLS_SECRET, directory=self.root / "tls"
         )
-        (self.root / "ca.crt").write_bytes(ca)
+        (self.root / "ca.crt").write_bytes(issued.ca.read_bytes())
         for account, verbs in (
             (WORKLOAD_ACCOUNT, ["send", "receive", "get"]),
             (ADMIN_ACCOUNT, queue_rights.EVERY_VERB),
