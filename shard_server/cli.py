@@ -14,7 +14,7 @@ import yaml
 from shard_server.logs import configure_logging
 from shard_server.runtime.client_access import OPEN_ACCESS, ClientAccess, ReviewedAccess
 from shard_server.runtime.idle_polling import check_window, cpus_to_spin_on
-from shard_server.runtime.serving_tls import ServingCertificate, TlsFiles
+from shard_server.runtime.serving_tls import TlsFiles, check_tls_files
 from shard_server.server import ServerSettings, serve
 from shardq import event_loops
 from shardq.coordination.cluster_map import cluster_map_from_text, read_cluster_map
@@ -378,8 +378,7 @@ def serving_tls_files(cert: pathlib.Path | None, key: pathlib.Path | None, ca: p
         raise click.UsageError("--tls-cert-file and --tls-key-file go together")
     files = TlsFiles(cert=cert, key=key, ca=ca)
     try:
-        ServingCertificate(files)
-        files.peer_tls()
+        check_tls_files(files)
     except InvalidArgument as error:
         raise click.ClickException(error.message) from None
     return files

@@ -35,6 +35,9 @@ PEER_FAILURE_SAID_EVERY_S = 60.0
 _peer_failures_said: dict[str, float] = {}
 
 FileIdentity = tuple[int, int, int, int]
+# A served certificate this close to its end is logged when loaded (the chart's alert
+# fires at the same distance).
+EXPIRY_WARNING_S = 14 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,25 @@ def _load(files: TlsFiles) -> _Loaded:
     return _Loaded(identity=identity, cert_chain=cert_chain, key=key, context=context, expires_at=not_after(cert_chain))
 
 
+def check_tls_files(files: TlsFiles) -> None:
+    """Raise InvalidArgument naming what is wrong with the files, before a server starts."""
+    _load(files)
+    files.peer_tls()
+
+
+def _say_if_expiring(cert: pathlib.Path, expires_at: float | None) -> None:
+    """Log a certificate that has expired (every client and peer refuses it) or expires
+    within EXPIRY_WARNING_S, each time it is loaded: for users without the metric's alert."""
+    if expires_at is None:
+        return
+    left = expires_at - time.time()
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(expires_at))
+    if left <= 0:
+        log.error("the TLS certificate in %s expired at %s: clients and peers refuse it; renew it", cert, when)
+    elif left < EXPIRY_WARNING_S:
+        log.warning("the TLS certificate in %s expires at %s, in %.1f days; renew it", cert, when, left / 86400)
+
+
 class ServingCertificate:
     """The pair of files a server presents, loaded now (InvalidArgument if they do not
     load) and again whenever a new connection finds them changed."""
@@ -97,6 +119,7 @@ class ServingCertificate:
     def __init__(self, files: TlsFiles) -> None:
         self.files = files
         self._loaded = _load(files)
+        _say_if_expiring(files.cert, self._loaded.expires_at)
         self._lock = threading.Lock()
         self._failed_identity: tuple[FileIdentity, FileIdentity] | None = None
 
@@ -120,6 +143,7 @@ class ServingCertificate:
                 return self._loaded
             self._loaded = loaded
             log.info("serving the TLS certificate in %s again: its files changed", self.files.cert)
+            _say_if_expiring(self.files.cert, loaded.expires_at)
             return loaded
 
     def grpc_credentials(self) -> grpc.ServerCredentials:
