@@ -178,9 +178,12 @@ def build_config(
     rule_file: Path,
     interval: str,
     kubeconfig: Path,
+    certs_dir: Path | None = None,
 ) -> Manifest:
     """A whole prometheus.yml: the scrape configs discovering pods through `kubeconfig`'s
-    API server (Prometheus runs outside the cluster), rules evaluated every `interval`."""
+    API server (Prometheus runs outside the cluster), rules evaluated every `interval`.
+    Files the Prometheus Operator would mount under OPERATOR_CERTS_DIR (a tlsConfig's CA)
+    are looked for in `certs_dir`, under the same names."""
     if not DURATION.match(interval):
         raise ValueError(f"not a Prometheus duration: {interval!r}")
     jobs = []
@@ -188,6 +191,11 @@ def build_config(
         job = json.loads(json.dumps(scrape))
         for discovery in job["kubernetes_sd_configs"]:
             discovery["kubeconfig_file"] = str(kubeconfig)
+        tls = job.get("tls_config", {})
+        if "ca_file" in tls:
+            if certs_dir is None:
+                raise ValueError(f"{job['job_name']} needs {tls['ca_file']}: give certs_dir")
+            tls["ca_file"] = str(certs_dir / Path(tls["ca_file"]).relative_to(OPERATOR_CERTS_DIR))
         jobs.append(job)
     return {
         "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},

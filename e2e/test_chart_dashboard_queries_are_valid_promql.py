@@ -108,6 +108,7 @@ def test_the_panels_cover_what_an_on_call_engineer_needs(binaries: Binaries) -> 
         "failovers": r"Failovers.*shardq_operator_takeovers_total",
         "request latency": r"Request latency.*histogram_quantile\(0\.99, .*shardq_request_duration_seconds_bucket",
         "disk commit time": r"Commit time.*histogram_quantile\(0\.99, .*shardq_commit_duration_seconds_bucket",
+        "certificate expiry": r"TLS certificate: .*shardq_tls_certificate_expiration_timestamp_seconds.* - time\(\)",
     }
     missing = [what for what, pattern in wanted.items() if not re.search(pattern, text)]
     assert not missing, f"no panel for {missing}"

@@ -4,12 +4,13 @@ would check it before trusting it.
 Prometheus (upstream's server, a host process) discovers pods through the API server with
 `kubernetes_sd_configs`, relabelled as the Prometheus Operator would for the chart's
 PodMonitors, and loads the chart's PrometheusRule. The chart is installed (operator,
-a ShardqCluster of two servers scaled out to three, a Queue with a dead-letter queue and a
-Queue with one replica) and used: sends, receives, deletes, a poison message
+a ShardqCluster of two servers scaled out to three, serving TLS, so the servers are
+scraped over https with the Secret's CA as the PodMonitor says; a Queue with a
+dead-letter queue and a Queue with one replica) and used: sends, receives, deletes, a poison message
 dead-lettered, sends refused by a full queue, a leader's server SIGKILLed (the operator
 fails over), replicas moved onto the new server. Then:
 
-- every operator and server pod is a target with `up == 1`;
+- every operator and server pod is a target with `up == 1` (the servers over https);
 - every query of the installed dashboard, its variables filled in as Grafana would, has
   data over the test's time range, and the variables list the real namespace, cluster
   and queues;
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -33,6 +35,7 @@ import pytest
 from kubernetes import client
 
 from e2e.binaries import Binaries, require
+from e2e.cluster_tls import client_service_name, make_cluster_tls_secret
 from e2e.helm import CHART, helm, render
 from e2e.polling import wait_for
 from e2e.processes import server_pid
@@ -47,12 +50,14 @@ from e2e.prometheus import (
 from e2e.realnode import RunningNode
 from shardq.client import Client
 from shardq.errors import QueueFull
+from shardq.tls import ClientTls
 from shardq.types import Message
 
 pytestmark = [pytest.mark.realnode, pytest.mark.timeout(720)]
 
 GROUP, VERSION = "shardq.io", "v1alpha1"
 CLUSTER = "default"
+TLS_SECRET = "promtest-tls"
 INTERVAL = "5s"
 INTERVAL_S = 5.0
 # Grafana's $__rate_interval: four scrape intervals (the panels' step is shorter).
@@ -211,12 +216,12 @@ def template_values(prometheus: Prometheus, variable: dict[str, Any], namespace:
     return {s["metric"][label.strip()] for s in series}
 
 
-def send_receive_and_dead_letter(endpoint: str) -> None:
+def send_receive_and_dead_letter(endpoint: str, tls: ClientTls) -> None:
     """Traffic for every throughput, depth and failure panel: sends, receives and deletes
     on `orders`; a poison message received twice (one redelivery) and dead-lettered on
     the third receive; `single-copy` filled past its maxDepth (a QUEUE_FULL refusal), then
     drained."""
-    with Client(endpoint, route_directly=False) as shardq:
+    with Client(endpoint, route_directly=False, tls=tls) as shardq:
         results = shardq.send_messages("orders", [Message(body=f"order {n}".encode()) for n in range(30)])
         assert all(r.ok for r in results), results
         assert shardq.send("orders", b"poison").ok
@@ -264,6 +269,7 @@ def test_prometheus_scrapes_every_pod_has_every_panel_and_alerts_on_a_leaderless
         "cluster.storage.retainOnDelete=false",
         "tests.enabled=false",
         "monitoring.dashboard.enabled=true",
+        f"cluster.tls.secretName={TLS_SECRET}",
     )
     sets = [arg for value in values for arg in ("--set", value)]
     sets += ["--set-json", f"queues={json.dumps(QUEUES)}"]
@@ -282,12 +288,24 @@ def test_prometheus_scrapes_every_pod_has_every_panel_and_alerts_on_a_leaderless
     )
     manifests = render(binaries, *values, *monitoring, namespace=namespace, release=release)
     workdir = tmp_path / "prometheus"
+    # The cluster's TLS Secret, made before the install as cert-manager would; its CA goes
+    # where the Prometheus Operator would mount the PodMonitor's tlsConfig.ca.
+    with real_node.info.api_client() as api:
+        issued = make_cluster_tls_secret(api, namespace, cluster=CLUSTER, secret=TLS_SECRET, directory=tmp_path / "tls")
+    certs = workdir / "certs"
+    certs.mkdir(parents=True)
+    shutil.copy(issued.ca, certs / f"secret_{namespace}_{TLS_SECRET}_ca.crt")
+    tls = ClientTls(root_certificates=issued.ca.read_bytes(), server_name=client_service_name(CLUSTER, namespace))
     config = build_config(
         build_scrape_configs(manifests),
         rule_file=workdir / "shardq-rules.yaml",
         interval=INTERVAL,
         kubeconfig=real_node.info.kubeconfig,
+        certs_dir=certs,
     )
+    # Other clusters' servers over http, this release's (which serve TLS) over https.
+    schemes = [job.get("scheme", "http") for job in config["scrape_configs"] if "-servers/" in job["job_name"]]
+    assert schemes == ["http", "https"], schemes
     started = time.monotonic()
     stopped: int | None = None
     with (
@@ -328,7 +346,7 @@ def test_prometheus_scrapes_every_pod_has_every_panel_and_alerts_on_a_leaderless
             )
 
             servers = running_pods(api, namespace, SERVERS_LABELS)
-            send_receive_and_dead_letter(f"{servers[0]['status']['podIP']}:7600")
+            send_receive_and_dead_letter(f"{servers[0]['status']['podIP']}:7600", tls)
             progress(started, "sent, received, deleted, dead-lettered and refused")
             # Scraped before anything else happens: a server killed later in the test takes
             # its counts with it, and one scrape late (a busy node) would lose this burst.
