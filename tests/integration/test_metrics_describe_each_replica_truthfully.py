@@ -97,6 +97,9 @@ def test_a_standalone_server_exports_what_an_on_call_needs(server_factory: Serve
     assert value(found, "shardq_queue_max_depth", queue="limited") == 3
     assert value(found, "shardq_queue_max_message_bytes", queue="limited") == 1000
     assert value(found, "shardq_queue_shards", queue="orders") == 2
+    # A plaintext server has no certificate: no expiry series, rather than one that looks expired.
+    assert values(found, "shardq_tls_certificate_expiration_timestamp_seconds") == []
+    assert "shardq_tls_certificate_expiration_timestamp_seconds" not in text
     promtool_accepts(text)
 
 
