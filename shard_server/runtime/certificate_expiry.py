@@ -71,6 +71,8 @@ def _seconds(tag: int, text: str) -> float:
     if not rest.isdigit():
         raise _NotDer("not a certificate time")
     month, day, hour, minute, second = (int(rest[i : i + 2]) for i in range(0, 10, 2))
+    if not (1 <= month <= 12 and 1 <= day <= 31 and hour <= 23 and minute <= 59 and second <= 60):
+        raise _NotDer("not a certificate time")
     return float(calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0)))
 
 

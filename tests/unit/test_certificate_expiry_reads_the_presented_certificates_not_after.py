@@ -97,3 +97,17 @@ def test_a_truncated_certificate_gives_no_date() -> None:
     for cut in (1, 2, 40, 120, len(der) - 1):
         body = base64.b64encode(der[:cut])
         assert not_after(b"-----BEGIN CERTIFICATE-----\n" + body + b"\n-----END CERTIFICATE-----\n") is None, cut
+
+
+@pytest.mark.parametrize(
+    "impostor",
+    # Month 13, day 0, hour 25, no Z, a letter: each as long as the real notAfter, so the
+    # DER around it still reads.
+    [b"311306070809Z", b"310500070809Z", b"310506250809Z", b"3105060708090", b"31050607080aZ"],
+)
+def test_a_not_after_that_is_no_time_gives_no_date(impostor: bytes) -> None:
+    made = certificate(datetime.datetime(2031, 5, 6, 7, 8, 9, tzinfo=datetime.UTC), EC_KEY)
+    der = made.public_bytes(serialization.Encoding.DER)
+    assert der.count(b"310506070809Z") == 1
+    body = base64.b64encode(der.replace(b"310506070809Z", impostor))
+    assert not_after(b"-----BEGIN CERTIFICATE-----\n" + body + b"\n-----END CERTIFICATE-----\n") is None
