@@ -18,17 +18,14 @@ from shardq.bearer_tokens import TOKEN_FILE_ENV
 from shardq.tls import CA_FILE_ENV
 
 
-def server_names(cluster: str, namespace: str) -> list[str]:
-    """Each server by its peers' Service, and the client Service."""
-    return [
-        f"*.{naming.peers_service(cluster)}.{namespace}.svc.cluster.local",
-        f"{naming.client_service(cluster)}.{namespace}.svc.cluster.local",
-    ]
-
-
 def client_service_name(cluster: str, namespace: str) -> str:
     """The name a client that reaches the client Service by its IP checks the certificate for."""
     return f"{naming.client_service(cluster)}.{namespace}.svc.cluster.local"
+
+
+def server_names(cluster: str, namespace: str) -> list[str]:
+    """Each server by its peers' Service, and the client Service."""
+    return [f"*.{naming.peers_service(cluster)}.{namespace}.svc.cluster.local", client_service_name(cluster, namespace)]
 
 
 def _encoded(files: dict[str, Path]) -> dict[str, str]:
@@ -73,8 +70,8 @@ def renew_cluster_tls_secret(
 
 
 # Where a client pod is shown shardq's credentials: a token for shardq's audience and the
-# CA that signed the cluster's certificate, in one projected volume (the Secret's ca.crt
-# only, never its key), and the variables every shardq client in the pod reads.
+# CA that signed the cluster's certificate (ca.crt alone, never the servers' key), in one
+# projected volume, and the variables every shardq client in the pod reads.
 CREDENTIALS_MOUNT = "/var/run/secrets/shardq"
 TOKEN_SECONDS = 3600
 
