@@ -276,6 +276,11 @@ def issue_serving_certificates(
     )
 
 
+def not_valid_after(cert: Path) -> float:
+    """When the PEM certificate in `cert` expires, in Unix seconds."""
+    return x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc.timestamp()
+
+
 def renew_serving_certificate(
     issued: ServingCertificates,
     *,

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import re
 import socket
 import ssl
 import time
@@ -28,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography import x509
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e.binaries import Binaries
+from e2e.certificates import not_valid_after
 from e2e.cluster_tls import make_cluster_tls_secret, renew_cluster_tls_secret
 from e2e.helm import CHART, helm
 from e2e.polling import wait_for
@@ -40,6 +39,7 @@ from e2e.realnode import RunningNode
 from shardq import Client
 from shardq.errors import Unauthenticated, Unavailable
 from shardq.tls import ClientTls
+from tests.integration.scraping import samples, value
 
 pytestmark = [pytest.mark.realnode, pytest.mark.timeout(600)]
 
@@ -50,7 +50,6 @@ ON_OURS, ELSEWHERE = "made-by-hand", "on-another-cluster"
 READY_S = 240.0
 SERVERS = 3
 TLS_SECRET = "shardq-tls"
-EXPIRY_SERIES = re.compile(r"^shardq_tls_certificate_expiration_timestamp_seconds (\S+)$", re.MULTILINE)
 
 
 def timed(what: str, started: float) -> None:
@@ -185,18 +184,14 @@ def release_cluster_objects(api: client.ApiClient, release: str = RELEASE) -> li
     )
 
 
-def not_after(cert: Path) -> float:
-    return x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc.timestamp()
-
-
 def restarts(pod: Any) -> int:
     return sum(status.restart_count for status in pod.status.container_statuses or [])
 
 
 def served_expiry(address: str, ca: bytes, server_name: str) -> float:
     """The expiry of the certificate a server pod serves, from its HTTPS metrics."""
-    (expiry,) = EXPIRY_SERIES.findall(scrape_over_tls(address, 9600, ca, server_name))
-    return float(expiry)
+    text = scrape_over_tls(address, 9600, ca, server_name)
+    return value(samples(text), "shardq_tls_certificate_expiration_timestamp_seconds")
 
 
 def scrape_over_tls(address: str, port: int, ca: bytes, server_name: str) -> str:
@@ -322,7 +317,7 @@ def test_the_chart_installs_serves_passes_helm_test_and_uninstalls_cleanly(
             def served_expiries() -> list[float]:
                 return [served_expiry(pod.status.pod_ip, ca, tls.server_name or "") for pod in servers]
 
-            assert served_expiries() == [not_after(issued.cert)] * SERVERS
+            assert served_expiries() == [not_valid_after(issued.cert)] * SERVERS
             # A renewal as cert-manager writes it (a new key and certificate from the same CA,
             # in place in the Secret) reaches every server through the kubelet's update of
             # the mounted Secret, and is served without a restart.
@@ -331,7 +326,7 @@ def test_the_chart_installs_serves_passes_helm_test_and_uninstalls_cleanly(
                 api, namespace, cluster="default", secret=TLS_SECRET, issued=issued, validity=datetime.timedelta(days=3)
             )
             wait_for(
-                lambda: served_expiries() == [not_after(renewed.cert)] * SERVERS,
+                lambda: served_expiries() == [not_valid_after(renewed.cert)] * SERVERS,
                 timeout=240,
                 interval=2,
                 what="every server serving the renewed certificate",

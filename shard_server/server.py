@@ -253,8 +253,9 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
         now_ms=wall_clock_ms,
     )
     metrics.REGISTRY.register(collector)
-    expiry = None if serving_certificate is None else metrics.CertificateExpiryCollector(serving_certificate.expires_at)
-    if expiry is not None:
+    expiry = None
+    if serving_certificate is not None:
+        expiry = metrics.CertificateExpiryCollector(serving_certificate.expires_at)
         metrics.REGISTRY.register(expiry)
     metrics.record_build_info()
     metrics_server = None

@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime
 import os
 import pathlib
-import re
 import shutil
 import socket
 import ssl
@@ -30,13 +29,14 @@ import pytest
 from cryptography import x509
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from e2e.certificates import ServingCertificates, issue_serving_certificates
+from e2e.certificates import ServingCertificates, issue_serving_certificates, not_valid_after
 from shardq import Client, Message
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc, replication_pb2, replication_pb2_grpc
 from shardq.coordination.peer_credentials import PEER_SECRET_HEADER, new_peer_secret, write_peer_secret
 from shardq.errors import OutcomeUnknown, Unavailable
 from shardq.spark.exporting import ExportConnection
 from shardq.tls import CA_FILE_ENV, ClientTls
+from tests.integration.scraping import samples, scrape_text, value
 from tests.support.clusters import Cluster, every_shard_led, running
 from tests.support.ports import free_port
 from tests.support.servers import ServerProcess, stored_count, wait_for
@@ -91,17 +91,10 @@ def loopback_certificates(directory: pathlib.Path, stem: str, days: int = 2) -> 
     )
 
 
-def expires_at(cert: pathlib.Path) -> float:
-    return x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc.timestamp()
-
-
-EXPIRY_SERIES = re.compile(r"^shardq_tls_certificate_expiration_timestamp_seconds (\S+)$", re.MULTILINE)
-
-
 def scraped_expiry(metrics_port: int, ca: pathlib.Path) -> float:
     """The expiry the server's metrics give for the certificate it serves."""
-    (value,) = EXPIRY_SERIES.findall(scrape(f"https://127.0.0.1:{metrics_port}/metrics", ca))
-    return float(value)
+    text = scrape_text(f"https://127.0.0.1:{metrics_port}/metrics", str(ca))
+    return value(samples(text), "shardq_tls_certificate_expiration_timestamp_seconds")
 
 
 def tls_to(ca: pathlib.Path, server_name: str | None = None) -> ClientTls:
@@ -121,12 +114,6 @@ def refused(client_tls: ClientTls | bool, endpoint: str) -> str:
     with pytest.raises(Unavailable) as failure, Client(endpoint, tls=client_tls, route_directly=False) as client:
         client.send(QUEUE, b"refused")
     return str(failure.value)
-
-
-def scrape(url: str, ca: pathlib.Path | None) -> str:
-    context = None if ca is None else ssl.create_default_context(cafile=str(ca))
-    with urllib.request.urlopen(url, timeout=10, context=context) as answer:
-        return str(answer.read().decode())
 
 
 def presented_issuer(port: int) -> str:
@@ -190,12 +177,12 @@ def test_a_tls_server_serves_only_clients_that_trust_its_certificate(
     # The metrics port serves the same certificate, and nothing in plaintext; it says when
     # the certificate expires.
     metrics_url = f"https://127.0.0.1:{tls_server.metrics_port}/metrics"
-    assert "shardq_messages_sent_total" in scrape(metrics_url, ca)
-    assert scraped_expiry(tls_server.metrics_port, ca) == expires_at(secret_dir.path("tls.crt"))
+    assert "shardq_messages_sent_total" in scrape_text(metrics_url, str(ca))
+    assert scraped_expiry(tls_server.metrics_port, ca) == not_valid_after(secret_dir.path("tls.crt"))
     with pytest.raises((urllib.error.URLError, ConnectionError)):
-        scrape(f"http://127.0.0.1:{tls_server.metrics_port}/metrics", None)
+        scrape_text(f"http://127.0.0.1:{tls_server.metrics_port}/metrics")
     with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
-        scrape(metrics_url, stranger.ca)
+        scrape_text(metrics_url, str(stranger.ca))
 
     # The health port is plaintext, says what the main port's health says, and serves
     # nothing else.
@@ -254,7 +241,7 @@ def test_a_renewed_certificate_is_served_to_new_connections_and_a_broken_one_is_
         round_trip(before, b"before the renewal")
         assert "first-ca" in presented_issuer(tls_server.port)
         first_expiry = scraped_expiry(tls_server.metrics_port, first_ca)
-        assert first_expiry == expires_at(secret_dir.path("tls.crt"))
+        assert first_expiry == not_valid_after(secret_dir.path("tls.crt"))
 
         renewed = loopback_certificates(tmp_path / "issued", "renewed", days=3)
         secret_dir.publish_pair(renewed)
@@ -262,11 +249,11 @@ def test_a_renewed_certificate_is_served_to_new_connections_and_a_broken_one_is_
         with Client(tls_server.endpoint, ca_file=renewed.ca) as after:
             round_trip(after, b"after the renewal")
         assert "renewed-ca" in presented_issuer(tls_server.port)
-        assert "shardq_messages_sent_total" in scrape(
-            f"https://127.0.0.1:{tls_server.metrics_port}/metrics", renewed.ca
+        assert "shardq_messages_sent_total" in scrape_text(
+            f"https://127.0.0.1:{tls_server.metrics_port}/metrics", str(renewed.ca)
         )
         # The expiry follows: a day later than the first certificate's.
-        assert scraped_expiry(tls_server.metrics_port, renewed.ca) == expires_at(renewed.cert) > first_expiry
+        assert scraped_expiry(tls_server.metrics_port, renewed.ca) == not_valid_after(renewed.cert) > first_expiry
         assert "CERTIFICATE_VERIFY_FAILED" in refused(tls_to(first_ca), tls_server.endpoint)
         # A connection made before goes on as it was.
         round_trip(before, b"on the old connection")
@@ -280,12 +267,12 @@ def test_a_renewed_certificate_is_served_to_new_connections_and_a_broken_one_is_
     wait_for(lambda: "do not load" in tls_server.log() or None, timeout=10, what="the refused pair logged")
     # The expiry is the served certificate's, not the new file's: an expiry alert still
     # sees the renewal as not done.
-    assert scraped_expiry(tls_server.metrics_port, renewed.ca) == expires_at(renewed.cert)
+    assert scraped_expiry(tls_server.metrics_port, renewed.ca) == not_valid_after(renewed.cert)
     # Once the pair is whole, it is served.
     secret_dir.publish_pair(mismatched)
     with Client(tls_server.endpoint, ca_file=mismatched.ca) as mended:
         round_trip(mended, b"with the mended pair")
-    assert scraped_expiry(tls_server.metrics_port, mismatched.ca) == expires_at(mismatched.cert)
+    assert scraped_expiry(tls_server.metrics_port, mismatched.ca) == not_valid_after(mismatched.cert)
     assert tls_server.alive()
 
 
