@@ -61,6 +61,25 @@ class _ConfigDumper(yaml.SafeDumper):
     """Block mappings, lists of plain values on one line: `source_labels: [a, b]`."""
 
 
+# Every module that defines a series shardq exports (server, operator, and the TLS
+# expiry both export).
+METRIC_SOURCES = (
+    Path(__file__).resolve().parent.parent / "shard_server" / "metrics.py",
+    Path(__file__).resolve().parent.parent / "operator" / "shardq_operator" / "metrics.py",
+    Path(__file__).resolve().parent.parent / "shardq" / "metrics_http.py",
+)
+
+
+def exported_metric_names() -> set[str]:
+    """The names shardq's metrics are exposed under: counters get _total, histograms
+    _bucket/_sum/_count, Info _info."""
+    exposed = set()
+    for source in METRIC_SOURCES:
+        for name in re.findall(r'"(shardq_[a-z_]+)"', source.read_text()):
+            exposed |= {name, f"{name}_total", f"{name}_bucket", f"{name}_sum", f"{name}_count", f"{name}_info"}
+    return exposed
+
+
 def _represent_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.Node:
     flat = all(not isinstance(item, dict | list) for item in data)
     return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flat)

@@ -15,6 +15,7 @@ import yaml
 
 from e2e.binaries import Binaries, require
 from e2e.helm import CHART, only, render
+from e2e.prometheus import exported_metric_names
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(120)]
 
@@ -112,11 +113,7 @@ def test_the_rules_name_only_metrics_shardq_defines(binaries: Binaries) -> None:
     """A renamed metric would silence an alert for good: every name the rules use is one
     the server or the operator exports (or a recording rule of the chart, or a label the
     PodMonitor adds)."""
-    root = CHART.parent.parent
-    exposed = set()
-    for source in (root / "shard_server" / "metrics.py", root / "operator" / "shardq_operator" / "metrics.py"):
-        for name in re.findall(r'"(shardq_[a-z_]+)"', source.read_text()):
-            exposed |= {name, f"{name}_total", f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    exposed = exported_metric_names()
     groups = rendered_groups(binaries)
     recorded = {rule["record"] for group in groups for rule in group["rules"] if "record" in rule}
     for group in groups:

@@ -14,11 +14,11 @@ import pytest
 import yaml
 
 from e2e.binaries import Binaries, require
-from e2e.helm import CHART, only, render
+from e2e.helm import only, render
+from e2e.prometheus import exported_metric_names
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(120)]
 
-ROOT = CHART.parent.parent
 METRIC = re.compile(r"\bshardq_[a-z_]+\b")
 # Grafana's variables, as a query sees them once filled in.
 # Labels the chart's PodMonitor adds to every series (not metrics).
@@ -41,15 +41,6 @@ def panel_queries(board: dict[str, Any]) -> dict[str, list[str]]:
     }
 
 
-def defined_metric_names() -> set[str]:
-    """Names as exposed: counters get _total, histograms _bucket/_sum/_count, Info _info."""
-    exposed = set()
-    for source in (ROOT / "shard_server" / "metrics.py", ROOT / "operator" / "shardq_operator" / "metrics.py"):
-        for name in re.findall(r'"(shardq_[a-z_]+)"', source.read_text()):
-            exposed |= {name, f"{name}_total", f"{name}_bucket", f"{name}_sum", f"{name}_count", f"{name}_info"}
-    return exposed
-
-
 def fill(query: str) -> str:
     for variable, value in VARIABLES.items():
         query = query.replace(variable, value)
@@ -60,7 +51,7 @@ def fill(query: str) -> str:
 def test_every_panel_query_parses_and_names_defined_metrics(binaries: Binaries, tmp_path: Path) -> None:
     queries = [query for exprs in panel_queries(dashboard(binaries)).values() for query in exprs]
     assert len(queries) >= 20
-    known = defined_metric_names()
+    known = exported_metric_names()
     for query in queries:
         unknown = set(METRIC.findall(query)) - known - TARGET_LABELS
         assert not unknown, f"{query}: names no metric shardq defines: {unknown}"

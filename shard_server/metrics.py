@@ -13,22 +13,16 @@ from __future__ import annotations
 
 import dataclasses
 import platform
-import ssl
-import threading
 from collections.abc import Callable, Iterable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import metadata
-from typing import Any
 
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
     Info,
     disable_created_metrics,
-    generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -311,82 +305,3 @@ class ShardCollector(Collector):
                 dead_letter_targets.add_metric([config.name, config.dead_letter_queue], 1)
         yield from limit_families.values()
         yield dead_letter_targets
-
-
-class CertificateExpiryCollector(Collector):
-    """The served certificate's expiry, registered only by a server that serves TLS (a
-    server without one has no such series, rather than a zero that looks expired)."""
-
-    def __init__(self, expires_at: Callable[[], float | None]) -> None:
-        self._expires_at = expires_at
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily(
-            "shardq_tls_certificate_expiration_timestamp_seconds",
-            "When the certificate this server presents on its gRPC and metrics ports expires"
-            " (its notAfter, Unix seconds). A renewed certificate counts once the server serves"
-            " it: a renewal whose files do not load leaves the old date here.",
-        )
-        expires_at = self._expires_at()
-        if expires_at is not None:
-            family.add_metric([], expires_at)
-        yield family
-
-
-class _MetricsHandler(BaseHTTPRequestHandler):
-    registry: CollectorRegistry = REGISTRY
-
-    def do_GET(self) -> None:
-        if self.path.split("?", 1)[0] != "/metrics":
-            self.send_error(404, "metrics are served at /metrics only")
-            return
-        body = generate_latest(self.registry)
-        self.send_response(200)
-        self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        """Scrapes are not worth a log line each."""
-
-
-# A scraper that connects and says nothing holds one thread this long, no longer.
-TLS_HANDSHAKE_TIMEOUT_S = 10.0
-
-
-class _TlsMetricsServer(ThreadingHTTPServer):
-    """/metrics over TLS: each connection's handshake runs on its own thread (not the
-    accepting one, which a silent client would stall), with the certificate of the moment."""
-
-    def __init__(self, address: tuple[str, int], ssl_context: Callable[[], ssl.SSLContext]) -> None:
-        super().__init__(address, _MetricsHandler)
-        self.ssl_context = ssl_context
-
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        request.settimeout(TLS_HANDSHAKE_TIMEOUT_S)
-        try:
-            secured = self.ssl_context().wrap_socket(request, server_side=True)
-        except OSError:
-            return  # plaintext, a wrong handshake or silence: the connection just closes
-        try:
-            super().finish_request(secured, client_address)
-        except OSError:
-            pass  # the scraper went away mid-answer
-        finally:
-            secured.close()
-
-
-def start_metrics_server(
-    host: str, port: int, ssl_context: Callable[[], ssl.SSLContext] | None = None
-) -> ThreadingHTTPServer:
-    """Serve /metrics (and only that path) from a daemon thread; over TLS with `ssl_context`
-    (asked at each connection, so a renewed certificate is served as soon as it loads)."""
-    server = (
-        ThreadingHTTPServer((host, port), _MetricsHandler)
-        if ssl_context is None
-        else _TlsMetricsServer((host, port), ssl_context)
-    )
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
-    return server

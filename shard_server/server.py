@@ -28,7 +28,7 @@ from shard_server.runtime.queue_hosts import QueueHost
 from shard_server.runtime.readiness import announce_ready, report_ready_once_in_sync
 from shard_server.runtime.replication.peers import PeerChannels
 from shard_server.runtime.replication.replicas import Replicas
-from shard_server.runtime.serving_tls import ServingCertificate, TlsFiles
+from shard_server.runtime.serving_tls import TlsFiles, serving_certificate
 from shard_server.service.decoding import RejectingUndecodable
 from shard_server.service.exporting import ExportServicer
 from shard_server.service.observing import ObservingInterceptor
@@ -48,7 +48,9 @@ from shardq.api.v1 import (
 from shardq.coordination.cluster_map import ClusterMap
 from shardq.coordination.leases import LeaseStore
 from shardq.coordination.peer_credentials import NO_PEER_SECRET, PeerCredential
+from shardq.metrics_http import CertificateExpiryCollector, start_metrics_server
 from shardq.queues import QueueConfig
+from shardq.serving_certificates import ServingCertificate
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +154,7 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
     router: Router | None = None
     peers: PeerChannels | None = None
     replicas: Replicas | None = None
-    serving_certificate = None if settings.tls is None else ServingCertificate(settings.tls)
+    presented = None if settings.tls is None else serving_certificate(settings.tls)
     peer_tls = None if settings.tls is None else settings.tls.peer_tls()
     if settings.cluster is not None:
         if leases is None or settings.server_id not in settings.cluster.servers:
@@ -236,7 +238,7 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
     if gate_readiness:
         await health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
     reflection.enable_server_reflection(service_names, server)
-    port = _listen(server, settings.host, settings.port, "--port", serving_certificate)
+    port = _listen(server, settings.host, settings.port, "--port", presented)
     health_server = None
     if settings.health_port is not None:
         # The same servicer: this port says exactly what the main port's health says.
@@ -254,17 +256,23 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
     )
     metrics.REGISTRY.register(collector)
     expiry = None
-    if serving_certificate is not None:
-        expiry = metrics.CertificateExpiryCollector(serving_certificate.expires_at)
+    if presented is not None:
+        expiry = CertificateExpiryCollector(
+            presented.expires_at,
+            "When the certificate this server presents on its gRPC and metrics ports expires"
+            " (its notAfter, Unix seconds). A renewed certificate counts once the server serves"
+            " it: a renewal whose files do not load leaves the old date here.",
+        )
         metrics.REGISTRY.register(expiry)
     metrics.record_build_info()
     metrics_server = None
     if settings.metrics_port is not None:
         try:
-            metrics_server = metrics.start_metrics_server(
+            metrics_server = start_metrics_server(
                 settings.host,
                 settings.metrics_port,
-                None if serving_certificate is None else serving_certificate.ssl_context,
+                metrics.REGISTRY,
+                None if presented is None else presented.ssl_context,
             )
         except OSError as error:
             raise SystemExit(
@@ -303,8 +311,8 @@ async def serve(settings: ServerSettings, *, stop: asyncio.Event | None = None) 
     for name in service_names:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     metrics_note = f", metrics on {settings.host}:{settings.metrics_port}" if settings.metrics_port is not None else ""
-    if serving_certificate is not None:
-        metrics_note += f", TLS with {serving_certificate.files.cert}"
+    if presented is not None:
+        metrics_note += f", TLS with {presented.cert}"
     if settings.health_port is not None:
         metrics_note += f", health (plaintext) on {settings.host}:{settings.health_port}"
     # The loop (`--event-loop`) is named once serving, so a start that fails says one thing only.

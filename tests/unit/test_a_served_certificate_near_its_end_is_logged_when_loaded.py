@@ -1,6 +1,7 @@
-"""A server loading a certificate that has expired (clients and peers will refuse it) or
-expires within 14 days says so in its log, at start and at each renewal it loads; a
-certificate further from its end, and the start-up check of the files, say nothing."""
+"""A server (or the operator's metrics port) loading a certificate that has expired
+(clients and peers will refuse it) or expires within 14 days says so in its log, at start
+and at each renewal it loads; a certificate further from its end, and the start-up check
+of the files, say nothing."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import shutil
 import pytest
 
 from e2e.certificates import ServingCertificates, issue_serving_certificates
-from shard_server.runtime.serving_tls import ServingCertificate, TlsFiles, check_tls_files
+from shard_server.runtime.serving_tls import TlsFiles, check_tls_files
+from shardq.serving_certificates import ServingCertificate
 
-LOGGER = "shard_server.runtime.serving_tls"
+LOGGER = "shardq.serving_certificates"
 
 
 def issued(directory: pathlib.Path, stem: str, validity: datetime.timedelta) -> ServingCertificates:
@@ -30,7 +32,7 @@ def test_a_certificate_far_from_its_end_is_not_mentioned(
 ) -> None:
     certificates = issued(tmp_path, "far", datetime.timedelta(days=60))
     with caplog.at_level(logging.INFO, logger=LOGGER):
-        ServingCertificate(TlsFiles(cert=certificates.cert, key=certificates.key))
+        ServingCertificate(certificates.cert, certificates.key)
     assert said(caplog) == []
 
 
@@ -39,7 +41,7 @@ def test_one_expiring_within_two_weeks_is_a_warning_naming_the_file_and_the_day(
 ) -> None:
     certificates = issued(tmp_path, "soon", datetime.timedelta(days=3))
     with caplog.at_level(logging.INFO, logger=LOGGER):
-        ServingCertificate(TlsFiles(cert=certificates.cert, key=certificates.key))
+        ServingCertificate(certificates.cert, certificates.key)
     ((level, message),) = said(caplog)
     assert level == logging.WARNING
     day = (datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=3)).strftime("%Y-%m-%d")
@@ -52,7 +54,7 @@ def test_an_expired_one_is_an_error_saying_clients_refuse_it(
 ) -> None:
     certificates = issued(tmp_path, "gone", datetime.timedelta(minutes=-1))
     with caplog.at_level(logging.INFO, logger=LOGGER):
-        ServingCertificate(TlsFiles(cert=certificates.cert, key=certificates.key))
+        ServingCertificate(certificates.cert, certificates.key)
     ((level, message),) = said(caplog)
     assert level == logging.ERROR
     assert f"the TLS certificate in {certificates.cert} expired at " in message
@@ -61,15 +63,15 @@ def test_an_expired_one_is_an_error_saying_clients_refuse_it(
 
 def test_a_renewal_that_is_loaded_is_judged_again(tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
     far = issued(tmp_path, "far", datetime.timedelta(days=60))
-    served = TlsFiles(cert=tmp_path / "tls.crt", key=tmp_path / "tls.key")
-    shutil.copy(far.cert, served.cert)
-    shutil.copy(far.key, served.key)
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    shutil.copy(far.cert, cert)
+    shutil.copy(far.key, key)
     with caplog.at_level(logging.INFO, logger=LOGGER):
-        certificate = ServingCertificate(served)
+        certificate = ServingCertificate(cert, key)
         assert said(caplog) == []
         soon = issued(tmp_path, "soon", datetime.timedelta(days=2))
-        shutil.copy(soon.cert, served.cert)
-        shutil.copy(soon.key, served.key)
+        shutil.copy(soon.cert, cert)
+        shutil.copy(soon.key, key)
         certificate.ssl_context()  # a new connection loads the changed files
     levels = [level for level, _ in said(caplog)]
     assert levels == [logging.INFO, logging.WARNING], said(caplog)

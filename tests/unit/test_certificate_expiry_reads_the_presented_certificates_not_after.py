@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
-from shard_server.runtime.certificate_expiry import not_after
+from shardq.certificate_expiry import not_after
 
 KeyType = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
 

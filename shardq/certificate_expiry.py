@@ -1,7 +1,8 @@
-"""When the certificate a server presents expires: its `notAfter`, read from the PEM.
+"""When a served certificate (a server's, or the operator's metrics port's) expires: its
+`notAfter`, read from the PEM.
 
 Python's `ssl` loads a certificate without saying its dates (only a private function
-does), and the server image has no X.509 library, so this reads the few DER fields in
+does), and the image has no X.509 library, so this reads the few DER fields in
 front of the validity (RFC 5280, 4.1): Certificate ::= SEQUENCE { tbsCertificate
 SEQUENCE { [0] version OPTIONAL, serialNumber, signature, issuer, validity SEQUENCE {
 notBefore, notAfter }, ... }, ... }. A certificate that does not read so gives None: the
