@@ -285,13 +285,17 @@ def renew_serving_certificate(
     issued: ServingCertificates,
     *,
     dns_names: list[str],
+    ip_addresses: list[str] = [],  # noqa: B006 - never mutated
     stem: str,
     validity: datetime.timedelta = _VALIDITY,
 ) -> ServingCertificates:
-    """A new key and certificate for `dns_names` from the CA that signed `issued` (what a
-    cert-manager renewal writes: ca.crt unchanged), written beside it under `stem`."""
+    """A new key and certificate for `dns_names` and `ip_addresses` from the CA that signed
+    `issued` (what a cert-manager renewal writes: ca.crt unchanged), written beside it
+    under `stem`."""
     ca = KeyPair(cert=issued.ca, key=issued.ca.with_suffix(".key"))
-    return _issue_serving(issued.ca.parent, ca=ca, dns_names=dns_names, ip_addresses=[], stem=stem, validity=validity)
+    return _issue_serving(
+        issued.ca.parent, ca=ca, dns_names=dns_names, ip_addresses=ip_addresses, stem=stem, validity=validity
+    )
 
 
 def _issue_serving(

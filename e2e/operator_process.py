@@ -10,7 +10,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -29,7 +29,13 @@ def peer_key_file(kubeconfig: Path, namespace: str) -> Path:
 
 @contextmanager
 def running_operator(
-    kubeconfig: Path, namespace: str, log_path: Path, *, metrics_port: int = 0, identity: str = ""
+    kubeconfig: Path,
+    namespace: str,
+    log_path: Path,
+    *,
+    metrics_port: int = 0,
+    identity: str = "",
+    extra_args: Sequence[str] = (),
 ) -> Iterator[subprocess.Popen[bytes]]:
     with log_path.open("ab") as log:
         process = subprocess.Popen(
@@ -48,6 +54,7 @@ def running_operator(
                 "--peer-key-file",
                 str(peer_key_file(kubeconfig, namespace)),
                 *(("--identity", identity) if identity else ()),
+                *extra_args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -5,10 +5,15 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+from typing import TYPE_CHECKING
 
 import click
 
+if TYPE_CHECKING:
+    from shardq.serving_certificates import ServingCertificate
+
 SERVICE_ACCOUNT_NAMESPACE = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+METRICS_CERT_FLAG = "--metrics-tls-cert-file"
 
 
 def _pod_namespace() -> str:
@@ -31,6 +36,19 @@ def _pod_namespace() -> str:
 )
 @click.option("--metrics-host", default="0.0.0.0", show_default=True)
 @click.option(
+    METRICS_CERT_FLAG,
+    "metrics_tls_cert_file",
+    type=click.Path(dir_okay=False, path_type=pathlib.Path),
+    default=None,
+    help="serve /metrics over HTTPS with this certificate (a PEM chain), read again when it changes",
+)
+@click.option(
+    "--metrics-tls-key-file",
+    type=click.Path(dir_okay=False, path_type=pathlib.Path),
+    default=None,
+    help="the private key of --metrics-tls-cert-file",
+)
+@click.option(
     "--leader-lease-namespace",
     default=None,
     help="where the replicas' leader Lease lives (default: the first --namespace, or the pod's namespace)",
@@ -52,6 +70,8 @@ def operator_command(
     standalone: bool,
     metrics_port: int,
     metrics_host: str,
+    metrics_tls_cert_file: pathlib.Path | None,
+    metrics_tls_key_file: pathlib.Path | None,
     leader_lease_namespace: str | None,
     leader_lease_duration: str,
     identity: str | None,
@@ -76,6 +96,7 @@ def operator_command(
     from shardq.durations import parse_duration_ms
     from shardq_operator.leadership import OperatorLeadership, default_identity
 
+    metrics_certificate = _metrics_certificate(metrics_tls_cert_file, metrics_tls_key_file) if metrics_port else None
     try:
         peer_key = NO_PEER_SECRET if peer_key_file is None else read_peer_secret(peer_key_file)
     except ValueError as error:
@@ -104,9 +125,25 @@ def operator_command(
     leadership.keep_renewing()
     if metrics_port:
         try:
-            metrics.serve_metrics(metrics_host, metrics_port)
+            metrics.serve_metrics(metrics_host, metrics_port, metrics_certificate)
         except OSError as error:
             raise click.ClickException(
                 f"cannot serve metrics on {metrics_host}:{metrics_port}: {error.strerror}"
             ) from None
     kopf.run(standalone=standalone, namespaces=list(namespaces), clusterwide=not namespaces)
+
+
+def _metrics_certificate(cert: pathlib.Path | None, key: pathlib.Path | None) -> ServingCertificate | None:
+    """The pair the metrics port serves HTTPS with, loaded (and its expiry logged) now; a
+    pair given half, or that does not load, stops the operator with one line naming it."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise click.UsageError(f"{METRICS_CERT_FLAG} and --metrics-tls-key-file go together")
+    from shardq.errors import InvalidArgument
+    from shardq.serving_certificates import ServingCertificate
+
+    try:
+        return ServingCertificate(cert, key, option=METRICS_CERT_FLAG)
+    except InvalidArgument as error:
+        raise click.ClickException(error.message) from None

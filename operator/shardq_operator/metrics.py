@@ -1,11 +1,14 @@
 """The operator's own /metrics: reconciles, errors, failovers, replica moves, and how long a shard was
-without a serving leader after its leader's pod went away."""
+without a serving leader after its leader's pod went away; over HTTPS when given a
+certificate (`--metrics-tls-cert-file`), with its expiry."""
 
 from __future__ import annotations
 
-from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Histogram
 
 from shardq.coordination.takeovers import TakeoverReason
+from shardq.metrics_http import CertificateExpiryCollector, start_metrics_server
+from shardq.serving_certificates import ServingCertificate
 
 RECONCILES = Counter("shardq_operator_reconciles", "Reconciles of a ShardqCluster", ["cluster"])
 RECONCILE_ERRORS = Counter("shardq_operator_reconcile_errors", "Reconciles that failed (retried)", ["cluster"])
@@ -44,5 +47,16 @@ def export_cluster(cluster: str) -> None:
         REPLICA_MOVES.labels(cluster, phase)
 
 
-def serve_metrics(address: str, port: int) -> None:
-    start_http_server(port, addr=address, registry=REGISTRY)
+def serve_metrics(address: str, port: int, certificate: ServingCertificate | None = None) -> None:
+    """Serve /metrics from a daemon thread: over HTTPS with `certificate` (a renewal is
+    served from the next scrape on), whose expiry is then a series of its own. Raises
+    OSError if the port cannot be bound."""
+    if certificate is not None:
+        REGISTRY.register(
+            CertificateExpiryCollector(
+                certificate.expires_at,
+                "When the certificate the operator presents on its metrics port expires (its"
+                " notAfter, Unix seconds). A renewal whose files do not load leaves the old date here.",
+            )
+        )
+    start_metrics_server(address, port, REGISTRY, None if certificate is None else certificate.ssl_context)
