@@ -28,6 +28,7 @@ ALERTS = {
     "ShardqLeaseRenewalsSlow",
     "ShardqCertificateExpiresSoon",
 }
+OPERATOR_METRICS_TLS = "operator.metricsTls.secretName=op-metrics-tls"
 # What the defaults make: the operator, its rights, `helm test` and the uninstall hooks.
 DEFAULTS = {
     ("ServiceAccount", "shardq-operator"),
@@ -56,7 +57,7 @@ DEFAULTS = {
 
 
 def test_helm_lint_strict_is_clean_with_defaults_and_every_switch(binaries: Binaries) -> None:
-    for sets in ((), EVERY_SWITCH):
+    for sets in ((), EVERY_SWITCH, (*EVERY_SWITCH, OPERATOR_METRICS_TLS)):
         args = ["lint", "--strict", str(CHART)]
         for value in sets:
             args += ["--set", value]
@@ -122,6 +123,8 @@ def test_a_peer_key_of_the_users_replaces_the_one_the_chart_makes(binaries: Bina
         # TLS changes what is rendered (the cluster's spec, the test Pod), adds nothing:
         # the Secret is the user's (or cert-manager's).
         ("cluster.tls.secretName=shardq-tls", set()),
+        # So does the operator's: its Deployment mounts the user's Secret.
+        (OPERATOR_METRICS_TLS, set()),
     ],
 )
 def test_each_switch_adds_exactly_its_resources(binaries: Binaries, switch: str, added: set[tuple[str, str]]) -> None:
@@ -277,6 +280,83 @@ def test_the_helm_test_pod_trusts_the_clusters_ca_when_it_serves_tls(binaries: B
     assert {"SHARDQ_TOKEN_FILE", "SHARDQ_CA_FILE"} <= {item["name"] for item in both["containers"][0]["env"]}
 
 
+def operator_pod_monitor_endpoint(manifests: list[dict[str, Any]], operator: str) -> dict[str, Any]:
+    (monitor,) = [m for m in manifests if m["kind"] == "PodMonitor" and m["metadata"]["name"] == operator]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    return endpoint
+
+
+def test_the_operator_serves_metrics_over_https_from_its_secret_and_its_podmonitor_trusts_the_ca(
+    binaries: Binaries,
+) -> None:
+    manifests = render(binaries, OPERATOR_METRICS_TLS, "monitoring.podMonitor.enabled=true", namespace=NAMESPACE)
+    pod = only(manifests, "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert "--metrics-tls-cert-file=/etc/shardq-operator/metrics-tls/tls.crt" in container["args"]
+    assert "--metrics-tls-key-file=/etc/shardq-operator/metrics-tls/tls.key" in container["args"]
+    (mount,) = [
+        mount for mount in container["volumeMounts"] if mount["mountPath"] == "/etc/shardq-operator/metrics-tls"
+    ]
+    # The whole Secret, not a subPath: the kubelet never updates a subPath, and a renewal
+    # would not reach the operator.
+    assert "subPath" not in mount
+    assert mount["readOnly"] is True
+    (volume,) = [volume for volume in pod["volumes"] if volume["name"] == mount["name"]]
+    # Group-readable: the operator (65534) owns no file of the volume, its group does.
+    assert volume["secret"] == {"secretName": "op-metrics-tls", "defaultMode": 0o440}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/metrics", "port": "metrics", "scheme": "HTTPS"}, probe
+    endpoint = operator_pod_monitor_endpoint(manifests, "shardq-operator")
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"] == {
+        "ca": {"secret": {"name": "op-metrics-tls", "key": "ca.crt"}},
+        "serverName": f"shardq-operator.{NAMESPACE}.svc",
+    }
+    # The servers are scraped as before: the operator's TLS is not theirs.
+    (servers,) = [m for m in manifests if m["kind"] == "PodMonitor" and m["metadata"]["name"] == "shardq-servers"]
+    assert all("tlsConfig" not in server for server in servers["spec"]["podMetricsEndpoints"])
+
+
+def test_the_operators_metrics_server_name_is_its_deployments_unless_one_is_given(binaries: Binaries) -> None:
+    # A release whose name lacks `shardq` names its operator <release>-shardq-operator.
+    manifests = render(
+        binaries, OPERATOR_METRICS_TLS, "monitoring.podMonitor.enabled=true", namespace="mq", release="east"
+    )
+    assert only(manifests, "Deployment")["metadata"]["name"] == "east-shardq-operator"
+    endpoint = operator_pod_monitor_endpoint(manifests, "east-shardq-operator")
+    assert endpoint["tlsConfig"]["serverName"] == "east-shardq-operator.mq.svc"
+
+    manifests = render(
+        binaries,
+        OPERATOR_METRICS_TLS,
+        "operator.metricsTls.serverName=metrics.example.com",
+        "monitoring.podMonitor.enabled=true",
+        namespace="mq",
+        release="east",
+    )
+    endpoint = operator_pod_monitor_endpoint(manifests, "east-shardq-operator")
+    assert endpoint["tlsConfig"] == {
+        "ca": {"secret": {"name": "op-metrics-tls", "key": "ca.crt"}},
+        "serverName": "metrics.example.com",
+    }
+
+
+def test_without_a_metrics_secret_the_operator_is_probed_and_scraped_in_plaintext(binaries: Binaries) -> None:
+    # A server name alone changes nothing: there is no certificate to check it against.
+    for sets in ((), ("operator.metricsTls.serverName=metrics.example.com",)):
+        manifests = render(binaries, *sets, "monitoring.podMonitor.enabled=true", namespace=NAMESPACE)
+        pod = only(manifests, "Deployment")["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        assert not [arg for arg in container["args"] if arg.startswith("--metrics-tls")], sets
+        assert not [mount for mount in container["volumeMounts"] if "metrics-tls" in mount["mountPath"]], sets
+        assert {volume["name"] for volume in pod["volumes"]} == {"tmp", "peer-key"}, sets
+        for probe in ("readinessProbe", "livenessProbe"):
+            assert container[probe]["httpGet"].get("scheme", "HTTP") == "HTTP", (sets, probe)
+        endpoint = operator_pod_monitor_endpoint(manifests, "shardq-operator")
+        assert "scheme" not in endpoint, sets
+        assert "tlsConfig" not in endpoint, sets
+
+
 def test_each_alert_can_be_turned_off_alone(binaries: Binaries) -> None:
     keys = {
         "ShardqDeadLetters": "deadLetters",
@@ -334,6 +414,10 @@ def test_watching_named_namespaces_binds_the_rights_there_only(binaries: Binarie
         ("cluster.clientAuthentication.audience=two words", "/cluster/clientAuthentication/audience"),
         ("cluster.tls.secretName=Not_A_Name", "/cluster/tls/secretName"),
         ("cluster.tls.secret=shardq-tls", "'secret' not allowed"),
+        ("operator.metricsTls.secretName=true", "/operator/metricsTls/secretName"),
+        ("operator.metricsTls.secretName=Not_A_Name", "/operator/metricsTls/secretName"),
+        ("operator.metricsTls.serverName=not a name", "/operator/metricsTls/serverName"),
+        ("operator.metricsTls.secret=op-metrics-tls", "at '/operator/metricsTls': additional properties 'secret'"),
         ("monitoring.podMonitor.enable=true", "'enable' not allowed"),
         (
             "monitoring.prometheusRule.alerts.queueFull.severity=page",

@@ -227,7 +227,10 @@ def test_every_rendered_manifest_passes_a_strict_server_side_dry_run(
     binaries: Binaries, kubeconfig: Path, api_client: client.ApiClient, namespace: str
 ) -> None:
     wait_for_default_account(api_client, namespace)
-    for sets in ((), EVERY_SWITCH, ("operator.watchNamespaces={" + namespace + "}",)):
+    # With the operator's metrics TLS too: the Deployment's https probes and Secret volume,
+    # the operator PodMonitor's tlsConfig.
+    with_operator_metrics_tls = (*EVERY_SWITCH, "operator.metricsTls.secretName=shardq-operator-metrics-tls")
+    for sets in ((), EVERY_SWITCH, with_operator_metrics_tls, ("operator.watchNamespaces={" + namespace + "}",)):
         manifests = render(binaries, *sets, namespace=namespace)
         # A Pod is admitted only once its ServiceAccount exists, and a dry run stores
         # nothing: they are made first, as `helm install` makes them before `helm test`

@@ -40,6 +40,13 @@ app.kubernetes.io/name: shardq-operator
 app.kubernetes.io/component: operator
 {{- end -}}
 
+{{/* The name the operator's metrics certificate is checked for (its PodMonitor scrapes pods
+by IP): the user's, or the Deployment's name as a Service's would be. `.svc`, not
+`.svc.cluster.local`: the chart does not know the cluster's domain. */}}
+{{- define "shardq.operatorMetricsServerName" -}}
+{{- default (printf "%s.%s.svc" (include "shardq.operatorName" .) .Release.Namespace) .Values.operator.metricsTls.serverName -}}
+{{- end -}}
+
 {{- define "shardq.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "shardq.operatorName" .) .Values.serviceAccount.name -}}
