@@ -37,7 +37,16 @@ def make_cluster_tls_secret(
 ) -> ServingCertificates:
     """The Secret `secret` that `cluster` serves TLS with, its files also written to
     `directory` (ServingCertificates.ca is the CA certificate clients trust)."""
-    certificates = issue_serving_certificates(directory, dns_names=server_names(cluster, namespace))
+    names = server_names(cluster, namespace)
+    return make_tls_secret(api, namespace, secret=secret, directory=directory, dns_names=names)
+
+
+def make_tls_secret(
+    api: client.ApiClient, namespace: str, *, secret: str, directory: Path, dns_names: list[str]
+) -> ServingCertificates:
+    """A kubernetes.io/tls Secret `secret` for `dns_names`, under a CA of its own, its
+    files also written to `directory`."""
+    certificates = issue_serving_certificates(directory, dns_names=dns_names)
     client.CoreV1Api(api).create_namespaced_secret(
         namespace,
         client.V1Secret(

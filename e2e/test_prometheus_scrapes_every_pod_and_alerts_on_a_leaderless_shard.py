@@ -5,12 +5,14 @@ Prometheus (upstream's server, a host process) discovers pods through the API se
 `kubernetes_sd_configs`, relabelled as the Prometheus Operator would for the chart's
 PodMonitors, and loads the chart's PrometheusRule. The chart is installed (operator,
 a ShardqCluster of two servers scaled out to three, serving TLS, so the servers are
-scraped over https with the Secret's CA as the PodMonitor says; a Queue with a
+scraped over https with the Secret's CA as the PodMonitor says, and so is the operator,
+with a Secret of its own (operator.metricsTls); a Queue with a
 dead-letter queue and a Queue with one replica) and used: sends, receives, deletes, a poison message
 dead-lettered, sends refused by a full queue, a leader's server SIGKILLed (the operator
 fails over), replicas moved onto the new server. Then:
 
-- every operator and server pod is a target with `up == 1` (the servers over https);
+- every operator and server pod is a target with `up == 1` (all over https), and each
+  says when the certificate it presents expires;
 - every query of the installed dashboard, its variables filled in as Grafana would, has
   data over the test's time range, and the variables list the real namespace, cluster
   and queues;
@@ -35,7 +37,8 @@ import pytest
 from kubernetes import client
 
 from e2e.binaries import Binaries, require
-from e2e.cluster_tls import client_service_name, make_cluster_tls_secret
+from e2e.certificates import not_valid_after
+from e2e.cluster_tls import client_service_name, make_cluster_tls_secret, make_tls_secret
 from e2e.helm import CHART, helm, render
 from e2e.polling import wait_for
 from e2e.processes import server_pid
@@ -58,6 +61,7 @@ pytestmark = [pytest.mark.realnode, pytest.mark.timeout(720)]
 GROUP, VERSION = "shardq.io", "v1alpha1"
 CLUSTER = "default"
 TLS_SECRET = "promtest-tls"
+OPERATOR_TLS_SECRET = "promtest-operator-metrics-tls"
 INTERVAL = "5s"
 INTERVAL_S = 5.0
 # Grafana's $__rate_interval: four scrape intervals (the panels' step is shorter).
@@ -157,6 +161,14 @@ def replicas_at_zero(prometheus: Prometheus, namespace: str, metric: str, matche
     """How many shard replicas (one series per pod and shard) export `metric` at 0."""
     selector = f'{metric}{{namespace="{namespace}"{matchers}}}'
     return one_value(prometheus, f"count({selector} == 0)")
+
+
+def operator_metrics_server_name(manifests: list[dict[str, Any]]) -> str:
+    """The name the operator's PodMonitor checks its metrics certificate for."""
+    (monitor,) = [m for m in manifests if m["kind"] == "PodMonitor" and m["metadata"]["name"].endswith("-operator")]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    name: str = endpoint["tlsConfig"]["serverName"]
+    return name
 
 
 def leaders_of(prometheus: Prometheus, namespace: str, queue: str) -> set[str]:
@@ -270,6 +282,7 @@ def test_prometheus_scrapes_every_pod_has_every_panel_and_alerts_on_a_leaderless
         "tests.enabled=false",
         "monitoring.dashboard.enabled=true",
         f"cluster.tls.secretName={TLS_SECRET}",
+        f"operator.metricsTls.secretName={OPERATOR_TLS_SECRET}",
     )
     sets = [arg for value in values for arg in ("--set", value)]
     sets += ["--set-json", f"queues={json.dumps(QUEUES)}"]
@@ -288,13 +301,19 @@ def test_prometheus_scrapes_every_pod_has_every_panel_and_alerts_on_a_leaderless
     )
     manifests = render(binaries, *values, *monitoring, namespace=namespace, release=release)
     workdir = tmp_path / "prometheus"
-    # The cluster's TLS Secret, made before the install as cert-manager would; its CA goes
-    # where the Prometheus Operator would mount the PodMonitor's tlsConfig.ca.
+    # The cluster's and the operator's TLS Secrets, made before the install as cert-manager
+    # would (the operator's for the name its PodMonitor checks); their CAs go where the
+    # Prometheus Operator would mount the PodMonitors' tlsConfig.ca.
+    operator_name = operator_metrics_server_name(manifests)
     with real_node.info.api_client() as api:
         issued = make_cluster_tls_secret(api, namespace, cluster=CLUSTER, secret=TLS_SECRET, directory=tmp_path / "tls")
+        operator_issued = make_tls_secret(
+            api, namespace, secret=OPERATOR_TLS_SECRET, directory=tmp_path / "operator-tls", dns_names=[operator_name]
+        )
     certs = workdir / "certs"
     certs.mkdir(parents=True)
     shutil.copy(issued.ca, certs / f"secret_{namespace}_{TLS_SECRET}_ca.crt")
+    shutil.copy(operator_issued.ca, certs / f"secret_{namespace}_{OPERATOR_TLS_SECRET}_ca.crt")
     tls = ClientTls(root_certificates=issued.ca.read_bytes(), server_name=client_service_name(CLUSTER, namespace))
     config = build_config(
         build_scrape_configs(manifests),
@@ -306,6 +325,8 @@ def test_prometheus_scrapes_every_pod_has_every_panel_and_alerts_on_a_leaderless
     # Other clusters' servers over http, this release's (which serve TLS) over https.
     schemes = [job.get("scheme", "http") for job in config["scrape_configs"] if "-servers/" in job["job_name"]]
     assert schemes == ["http", "https"], schemes
+    (operator_job,) = [job for job in config["scrape_configs"] if "-operator/" in job["job_name"]]
+    assert operator_job.get("scheme") == "https", operator_job
     started = time.monotonic()
     stopped: int | None = None
     with (
@@ -397,6 +418,16 @@ def test_prometheus_scrapes_every_pod_has_every_panel_and_alerts_on_a_leaderless
             scraped = {s["metric"]["pod"] for s in prom.query(f'up{{namespace="{namespace}"}} == 1')}
             assert len(scraped) == 2 + 3, scraped
             progress(started, f"every pod scraped: {sorted(scraped)}")
+            # Each pod says when the certificate it presents expires: the servers the
+            # cluster's, the operators their metrics port's.
+            expiry = f'shardq_tls_certificate_expiration_timestamp_seconds{{namespace="{namespace}"}}'
+            expiries = {
+                (s["metric"]["shardq_role"], s["metric"]["pod"]): float(s["value"][1]) for s in prom.query(expiry)
+            }
+            wanted = {"server": not_valid_after(issued.cert), "operator": not_valid_after(operator_issued.cert)}
+            assert {role for role, _ in expiries} == set(wanted), expiries
+            assert {pod for _, pod in expiries} == scraped, expiries
+            assert all(at == wanted[role] for (role, _), at in expiries.items()), (expiries, wanted)
             alert = {"namespace": namespace, "queue": "single-copy"}
             # Every shard has a leader again (a failover may have left it pending a moment).
             wait_for(

@@ -4,6 +4,9 @@ Served from a daemon thread, only at /metrics. Over TLS each connection asks for
 certificate of the moment (shardq.serving_certificates), so a renewed Secret is served
 from the next scrape on, and each handshake runs on the connection's own thread, not the
 accepting one, which a silent client would stall.
+
+It needs prometheus_client, which the `server` and `operator` extras install; the client
+never imports this module.
 """
 
 from __future__ import annotations
