@@ -6,13 +6,13 @@ from collections.abc import Callable
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]
 
 from shardq import Client, InvalidArgument, Message, QueueNotFound, Reason
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.errors import ERROR_DOMAIN
 from shardq.queues import MAX_ATTRIBUTES, MIB
 from tests.support.servers import ServerProcess, drain
+from tests.support.status_details import error_info
 
 QUEUE = "orders"
 DAY_MS = 86_400_000
@@ -123,21 +123,6 @@ def test_malformed_receipts_are_rejected_per_entry_and_change_nothing(client: Cl
     assert [(r.ok, r.reason) for r in results] == [(False, Reason.MALFORMED_RECEIPT)]
     assert_unchanged(client, stored)
     assert sorted(m.message_id for m in drain(client, QUEUE)) == stored
-
-
-def error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo:
-    assert isinstance(error, grpc.Call)
-    details = [v for k, v in error.trailing_metadata() or () if k == "grpc-status-details-bin"]
-    assert len(details) == 1, "no grpc-status-details-bin trailer"
-    status = status_pb2.Status.FromString(details[0])
-    assert status.code == error.code().value[0]
-    infos = []
-    for detail in status.details:
-        info = error_details_pb2.ErrorInfo()
-        if detail.Unpack(info):
-            infos.append(info)
-    assert len(infos) == 1
-    return infos[0]
 
 
 def test_raw_grpc_status_carries_error_info(server: ServerProcess) -> None:

@@ -9,28 +9,18 @@ from collections.abc import Callable
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]
 
 from shardq import AsyncClient, Client, Message
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.errors import ERROR_DOMAIN, InvalidArgument, QueueFull, QueueNotFound
 from tests.support.servers import ServerProcess, stored_count
+from tests.support.status_details import error_info
 
 QUEUE = "orders"
 HUGE = "q" * 20_000
 # Well under gRPC's 8 KiB default limit on received metadata.
 MAX_ERROR_CHARS = 1_000
 GARBAGE = b"\xff\xff\xff\xff\x0f this is not a protobuf message \x80"
-
-
-def error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo:
-    for key, value in error.trailing_metadata() or ():  # type: ignore[attr-defined]
-        if key == "grpc-status-details-bin":
-            status = status_pb2.Status.FromString(value)
-            info = error_details_pb2.ErrorInfo()
-            assert status.details[0].Unpack(info)
-            return info
-    raise AssertionError(f"no ErrorInfo in {error}")
 
 
 NAMED: list[tuple[str, Callable[[Client, str], object]]] = [
