@@ -989,8 +989,12 @@ class AsyncClient:
         r = await self._unary(self._stub.DescribeQueue, queue_pb2.DescribeQueueRequest(queue=queue), queue=queue)
         return [ShardRoute(s.shard, s.leader_address, s.epoch) for s in r.shards]
 
-    async def list_queues(self) -> list[str]:
-        response = await self._unary(self._stub.ListQueues, queue_pb2.ListQueuesRequest())
+    async def list_queues(self, prefix: str = "", *, dead_letter_queue: str = "") -> list[str]:
+        """Every queue's name, sorted; only those starting with `prefix`, and with a
+        `dead_letter_queue`, only those whose dead letters go there (the queues a
+        redrive of it would return messages to)."""
+        request = queue_pb2.ListQueuesRequest(prefix=prefix, dead_letter_queue=dead_letter_queue)
+        response = await self._unary(self._stub.ListQueues, request, queue=dead_letter_queue)
         return list(response.queues)
 
     async def peek_messages(self, queue: str, *, max_messages: int = 10) -> list[ReceivedMessage]:

@@ -652,11 +652,18 @@ def purge(endpoint: str, queue: str) -> None:
 @endpoint_option
 @fail_cleanly
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per queue")
-def queues(endpoint: str, as_json: bool) -> None:
+@click.option("--prefix", default="", help="only queues whose names start with this")
+@click.option(
+    "--dead-letter-queue",
+    default="",
+    metavar="QUEUE",
+    help="only queues whose dead letters go to QUEUE (what `shardq redrive` of it returns messages to)",
+)
+def queues(endpoint: str, as_json: bool, prefix: str, dead_letter_queue: str) -> None:
     """List the queues the server hosts, with their depth and settings."""
     with Client(endpoint) as client:
         rows = []
-        for name in client.list_queues():
+        for name in client.list_queues(prefix, dead_letter_queue=dead_letter_queue):
             attributes = client.attributes(name)
             settings = client.queue_settings(name)
             rows.append((name, attributes, settings))

@@ -177,8 +177,8 @@ class Client:
     def describe(self, queue: str) -> list[ShardRoute]:
         return self._run(self._async.describe(queue))
 
-    def list_queues(self) -> list[str]:
-        return self._run(self._async.list_queues())
+    def list_queues(self, prefix: str = "", *, dead_letter_queue: str = "") -> list[str]:
+        return self._run(self._async.list_queues(prefix, dead_letter_queue=dead_letter_queue))
 
     def peek_messages(self, queue: str, *, max_messages: int = 10) -> list[ReceivedMessage]:
         return self._run(self._async.peek_messages(queue, max_messages=max_messages))

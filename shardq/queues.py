@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardq.durations import MAX_DURATION_MS, parse_duration_ms, shown_briefly
-from shardq.errors import InvalidArgument
+from shardq.errors import InvalidArgument, QueueNotFound
 from shardq.sizes import KIB, MAX_SIZE_BYTES, MIB, NotASize, parse_size
 
 DAY_MS = 86_400_000
@@ -66,6 +66,43 @@ def check_queue_name(name: str) -> None:
         raise InvalidArgument(
             "queue", f"{shown_briefly(name)} is not a queue name: a DNS label (a-z, 0-9, '-', at most 63)"
         )
+
+
+# What a queue name can start with: QUEUE_NAME without its last character's rule.
+QUEUE_NAME_PREFIX = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+
+
+def check_queue_prefix(prefix: str) -> None:
+    """Raise InvalidArgument unless `prefix` is empty or could start a queue name: a
+    prefix no name can have (capitals, an underscore) is a mistake, not an empty list."""
+    if prefix and not QUEUE_NAME_PREFIX.fullmatch(prefix):
+        raise InvalidArgument(
+            "prefix",
+            f"no queue name starts with {shown_briefly(prefix)}: names are a DNS label (a-z, 0-9, '-' but not"
+            " first, at most 63)",
+        )
+
+
+def queues_listed(
+    dead_letter_targets: Mapping[str, str], *, prefix: str = "", dead_letter_queue: str = ""
+) -> list[str]:
+    """The names ListQueues answers, sorted: of the queues in `dead_letter_targets` (each
+    name's dead-letter queue, "" for none), those starting with `prefix` and, given a
+    `dead_letter_queue`, sending their dead letters there. Raises InvalidArgument for a
+    prefix or a dead-letter queue that cannot be a name, QueueNotFound for one that is not."""
+    check_queue_prefix(prefix)
+    if dead_letter_queue:
+        try:
+            check_queue_name(dead_letter_queue)
+        except InvalidArgument as error:
+            raise InvalidArgument("dead_letter_queue", error.message.removeprefix("queue: ")) from None
+        if dead_letter_queue not in dead_letter_targets:
+            raise QueueNotFound(dead_letter_queue)
+    return sorted(
+        name
+        for name, target in dead_letter_targets.items()
+        if name.startswith(prefix) and (not dead_letter_queue or target == dead_letter_queue)
+    )
 
 
 def validate_queue_config(config: QueueConfig) -> None:

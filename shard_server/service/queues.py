@@ -45,7 +45,7 @@ from shard_server.service.unwritten import Unwritten
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.coordination.peer_credentials import NO_PEER_SECRET, PeerCredential
 from shardq.errors import InvalidArgument, NotAPeer, Reason, ShardqError
-from shardq.queues import MAX_RECEIVE_BATCH
+from shardq.queues import MAX_RECEIVE_BATCH, queues_listed
 
 Request = TypeVar("Request")
 Response = TypeVar("Response")
@@ -413,7 +413,10 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
 
     @unary("ListQueues", (Verb.LIST,))
     async def ListQueues(self, request: queue_pb2.ListQueuesRequest, context: Context) -> queue_pb2.ListQueuesResponse:
-        return queue_pb2.ListQueuesResponse(queues=sorted(self.host.queues))
+        targets = {name: queue.config.dead_letter_queue for name, queue in list(self.host.queues.items())}
+        return queue_pb2.ListQueuesResponse(
+            queues=queues_listed(targets, prefix=request.prefix, dead_letter_queue=request.dead_letter_queue)
+        )
 
     async def Redrive(
         self, request: queue_pb2.RedriveRequest, context: Context

@@ -824,14 +824,31 @@ Global___QueueDescription: _TypeAlias = QueueDescription  # noqa: Y015
 
 @_typing.final
 class ListQueuesRequest(_message.Message):
+    """Every queue's name, sorted, in one answer (no page limit: a cluster's queues fit in
+    its map). The filters narrow it, and both may be given.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
+    PREFIX_FIELD_NUMBER: _builtins.int
+    DEAD_LETTER_QUEUE_FIELD_NUMBER: _builtins.int
+    prefix: _builtins.str
+    """Only queues whose names start with this (SQS's QueueNamePrefix); empty: all. It must
+    be able to start a queue name (a-z, 0-9, '-', not leading; at most 63).
+    """
+    dead_letter_queue: _builtins.str
+    """Only queues whose dead letters go to this queue (SQS's ListDeadLetterSourceQueues);
+    empty: any. A queue that does not exist is QUEUE_NOT_FOUND.
+    """
     def __init__(
         self,
+        *,
+        prefix: _builtins.str = ...,
+        dead_letter_queue: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dead_letter_queue", b"dead_letter_queue", "prefix", b"prefix"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
