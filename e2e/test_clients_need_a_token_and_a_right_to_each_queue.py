@@ -403,3 +403,52 @@ def test_a_cluster_server_with_client_auth_and_no_peer_secret_refuses_to_start(
         assert "--client-auth in a cluster needs --peer-secret-file" in cluster.log("s1")
     finally:
         cluster.stop_all()
+
+
+def test_a_redrive_back_to_the_source_queues_needs_admin_on_each_of_them(
+    tmp_path: pathlib.Path, kubeconfig: pathlib.Path, namespace: str, api_client: client.ApiClient
+) -> None:
+    """Without a destination a redrive moves messages to every queue that sends its dead
+    letters to the DLQ: the caller needs the right to each, as it would naming them."""
+    queues = [
+        "orders-dlq",
+        "orders:dead_letter_queue=orders-dlq,max_receive_count=1",
+        "payments:dead_letter_queue=orders-dlq,max_receive_count=1",
+    ]
+    process = authenticating_server(tmp_path, queues, kubeconfig=kubeconfig, namespace=namespace)
+    core = client.CoreV1Api(api_client)
+    for account in ("partial", "whole"):
+        core.create_namespaced_service_account(
+            namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=account))
+        )
+    for queue in ("orders-dlq", "payments"):
+        grant(api_client, namespace, "partial", queue=queue, verbs=["admin"])
+    grant(api_client, namespace, "whole", queue=None, verbs=EVERY_VERB)
+    partial, whole = (account_token(api_client, namespace, a, audiences=[AUDIENCE]) for a in ("partial", "whole"))
+    process.start()
+    try:
+        with Client(process.endpoint, token=whole) as admin:
+            admin.send_messages("payments", [Message(b"payment")])
+            deadline = time.monotonic() + 30
+            while admin.attributes("orders-dlq").visible < 1:
+                assert time.monotonic() < deadline, "the payment was not dead-lettered"
+                admin.receive_messages("payments", max_messages=10, visibility_timeout_ms=0)
+                time.sleep(0.05)
+        with Client(process.endpoint, token=partial) as operator:
+            with pytest.raises(PermissionDenied) as denied:
+                list(operator.redrive(source="orders-dlq"))
+            assert "may not admin on queue 'orders'" in denied.value.message
+            # Named, the queue it may administer is enough.
+            assert list(operator.redrive(source="orders-dlq", destination="payments"))[-1].moved == 1
+        with Client(process.endpoint, token=whole) as admin:
+            assert [m.body for m in drain(admin, "payments")] == [b"payment"]
+            admin.send_messages("payments", [Message(b"again")])
+            while admin.attributes("orders-dlq").visible < 1:
+                assert time.monotonic() < deadline + 30, "the second payment was not dead-lettered"
+                admin.receive_messages("payments", max_messages=10, visibility_timeout_ms=0)
+                time.sleep(0.05)
+            last = list(admin.redrive(source="orders-dlq"))[-1]
+            assert (last.done, last.moved, last.kept) == (True, 1, 0)
+            assert [m.body for m in drain(admin, "payments")] == [b"again"]
+    finally:
+        process.cleanup()

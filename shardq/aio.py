@@ -1031,8 +1031,11 @@ class AsyncClient:
         return settings_from_proto((await self._unary(self._stub.DescribeQueue, request, queue=queue)).config)
 
     async def redrive(
-        self, *, source: str, destination: str, rate_per_second: float = 0, max_messages: int = 0
+        self, *, source: str, destination: str = "", rate_per_second: float = 0, max_messages: int = 0
     ) -> AsyncIterator[RedriveProgress]:
+        """Move the messages of `source` (a dead-letter queue) to `destination`, or without
+        one, each back to the queue it was dead-lettered from (among the queues that send
+        their dead letters to `source`; the others stay, counted in `kept`)."""
         if not 0 <= max_messages < 2**32:
             # Checked here: the request cannot hold it (protobuf raised a bare ValueError).
             raise InvalidArgument("max_messages", f"must be 0 (all) or a count up to {2**32 - 1}, got {max_messages}")
@@ -1041,6 +1044,6 @@ class AsyncClient:
         )
         try:
             async for progress in self._stub.Redrive(request):
-                yield RedriveProgress(progress.moved, progress.remaining, progress.done)
+                yield RedriveProgress(progress.moved, progress.remaining, progress.done, progress.kept)
         except grpc.RpcError as error:
             raise error_from_rpc(error, queue=source) from None

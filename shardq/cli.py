@@ -749,7 +749,12 @@ def set_attributes(endpoint: str, name: str, items: tuple[str, ...]) -> None:
 @main.command()
 @endpoint_option
 @click.option("--from", "source", required=True, help="the dead-letter queue")
-@click.option("--to", "destination", required=True)
+@click.option(
+    "--to",
+    "destination",
+    default="",
+    help="the queue to move them to (default: each back to the queue it was dead-lettered from)",
+)
 @click.option("--rate", type=Rate(), default=0.0, help="messages per second, e.g. 500/s (default: unlimited)")
 @click.option(
     "--max", "max_messages", type=click.IntRange(min=1), default=None, help="stop after this many (default: all)"
@@ -759,7 +764,7 @@ def redrive(endpoint: str, source: str, destination: str, rate: float, max_messa
     """Move messages from a dead-letter queue back to a queue, at a bounded rate."""
     from tqdm import tqdm
 
-    moved = remaining = 0
+    moved = remaining = kept = 0
     started = False
     try:
         with Client(endpoint) as client, tqdm(unit="msg", file=sys.stderr, disable=None) as progress:
@@ -771,19 +776,25 @@ def redrive(endpoint: str, source: str, destination: str, rate: float, max_messa
                 max_messages=0 if max_messages is None else max_messages,
             ):
                 started = True
-                progress.total = step.moved + step.remaining
-                progress.update(step.moved - moved)
-                moved, remaining = step.moved, step.remaining
+                progress.total = step.moved + step.remaining + step.kept
+                progress.update(step.moved + step.kept - moved - kept)
+                moved, remaining, kept = step.moved, step.remaining, step.kept
     except ShardqError:
         # Stopped part way (a source shard's leader never answered, the destination refused):
         # what moved and what is left count as much as the reason, which follows.
         if started:
-            report_redrive(source, moved=moved, remaining=remaining)
+            report_redrive(source, moved=moved, remaining=remaining, kept=kept)
         raise
-    report_redrive(source, moved=moved, remaining=remaining)
+    report_redrive(source, moved=moved, remaining=remaining, kept=kept)
 
 
-def report_redrive(source: str, *, moved: int, remaining: int) -> None:
+def report_redrive(source: str, *, moved: int, remaining: int, kept: int) -> None:
+    if kept:
+        click.echo(
+            f"warning: {kept} message(s) of {source} stayed there: they were not dead-lettered from a queue that "
+            "sends its dead letters to it (sent to it directly, or their queue since changed); move them with --to",
+            err=True,
+        )
     if remaining:
         # Messages left: they could not be claimed now. "moved N" alone read as the whole
         # queue moved (found with a leader killed mid-redrive).

@@ -239,7 +239,7 @@ class Client:
         return asyncio.Event()
 
     def redrive(
-        self, *, source: str, destination: str, rate_per_second: float = 0, max_messages: int = 0
+        self, *, source: str, destination: str = "", rate_per_second: float = 0, max_messages: int = 0
     ) -> Iterator[RedriveProgress]:
         progress_iterator = self._async.redrive(
             source=source, destination=destination, rate_per_second=rate_per_second, max_messages=max_messages

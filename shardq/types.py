@@ -97,3 +97,6 @@ class RedriveProgress:
     moved: int
     remaining: int
     done: bool
+    # Without a destination: messages left in the source, since no queue that sends its
+    # dead letters there is theirs (sent to it directly, or their queue since changed).
+    kept: int = 0

@@ -9,7 +9,7 @@ import dataclasses
 import functools
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 from shard_server.domain import housekeeping
 from shard_server.domain.context import ShardContext
@@ -187,6 +187,10 @@ class RedriveProgress:
     moved: int
     remaining: int
     done: bool
+    # Left in the source by a redrive back to the messages' own queues: not dead-lettered
+    # from a queue that sends its dead letters there (sent to it directly, or from a queue
+    # since pointed elsewhere or deleted).
+    kept: int = 0
 
 
 # How long a redrive waits for a source shard whose leader does not answer (killed,
@@ -295,9 +299,21 @@ def _log_unanswered(source: str, unanswered: dict[int, ShardqError], *, now: str
 
 
 async def redrive(
-    host: QueueHost, *, source: str, destination: str, rate_per_second: float, max_messages: int
+    host: QueueHost,
+    *,
+    source: str,
+    destination: str,
+    rate_per_second: float,
+    max_messages: int,
+    destinations: Mapping[str, HostedQueue] | None = None,
 ) -> AsyncIterator[RedriveProgress]:
     """Move messages from `source` (a DLQ) to `destination`, at most `rate_per_second`.
+
+    Without a `destination`, each message goes back to the queue it was dead-lettered
+    from (DEAD_LETTER_SOURCE_ATTRIBUTE), if that queue still sends its dead letters to
+    `source`: SQS's redrive to the source queues, and the only right one for a DLQ that
+    several queues share. Messages with no such queue stay in `source` (`kept`), claimed
+    until the redrive ends so it does not take them again, then visible at once.
 
     Done when every message counted at the start (or `max_messages`) moved, or when every
     shard's leader answered with nothing to hand out (the rest is in flight or delayed;
@@ -305,15 +321,18 @@ async def redrive(
     routes the leases give meanwhile, for REDRIVE_WAITS_LEASES lease durations; after that
     the redrive ends not done: a last progress with done=False, then UNAVAILABLE naming the
     shards. Their messages stay in `source` for another redrive.
+
+    `destinations`: redrive_destinations' answer, when the caller asked it first (to
+    authorize each), so that the queues moved to are the ones it allowed.
     """
-    if source == destination:
-        raise InvalidArgument("destination", "must differ from source")
+    if destinations is None:
+        destinations = redrive_destinations(host, source, destination)
     if not (math.isfinite(rate_per_second) and rate_per_second >= 0):
         # NaN passed a `< 0` check and failed later as a ValueError, infinity as an
         # OverflowError: to the client, UNKNOWN errors with no reason.
         raise InvalidArgument("rate_per_second", f"must be a finite number >= 0 (0: no limit), not {rate_per_second}")
     from_queue = host.get(source)
-    to_queue = host.get(destination)
+    going_to = destination or "the queues its messages came from"
     loop = asyncio.get_running_loop()
     wait_s = _leader_wait_s(from_queue)
     counting_since = loop.time()
@@ -324,21 +343,26 @@ async def redrive(
         if loop.time() - counting_since >= wait_s:
             _log_unanswered(source, uncounted, now="not starting")
             raise Unavailable(
-                f"redrive from {source} to {destination} did not start: no leader counted "
+                f"redrive from {source} to {going_to} did not start: no leader counted "
                 f"{shards_away(source, uncounted)} for {loop.time() - counting_since:.0f}s; "
                 "run it again after the failover"
             )
         await asyncio.sleep(REDRIVE_RETRY_S)
     target = min(max_messages, present) if max_messages else present
     moved = 0
-    # Copied to the destination, yet still in the source (its delete failed), and why.
+    # Messages with nowhere to return to, claimed (so not taken again) until the end: by
+    # message id, the receipt of its latest claim (a redrive longer than REDRIVE_CLAIM_MS
+    # may take one again, and counts it once).
+    kept: dict[str, str] = {}
+    # Copied to a destination, yet still in the source (its delete failed), and why.
     not_deleted = 0
     delete_failures: set[Reason] = set()
     # At a rate, batches of a tenth of a second's worth: 10/s moves one message every
     # 100 ms, rather than a burst of a hundred and then a long pause.
     batch_size = REDRIVE_BATCH if not rate_per_second else max(1, min(REDRIVE_BATCH, int(rate_per_second / 10)))
-    if to_queue.config.max_depth:
-        batch_size = min(batch_size, to_queue.config.max_depth)  # larger batches could never fit
+    depths = [queue.config.max_depth for queue in destinations.values() if queue.config.max_depth]
+    if depths:
+        batch_size = min(batch_size, *depths)  # larger batches could never fit
     # Shards that had nothing to hand out go last: a batch asks them only when the
     # others cannot fill it.
     order = list(range(from_queue.config.shards))
@@ -346,76 +370,126 @@ async def redrive(
     # Since when no claim took anything while some shard's leader did not answer.
     stalled_since: float | None = None
     paced_since, paced_from = loop.time(), 0
-    while moved < target:
-        # Shards whose leader did not answer go after the rest, whose messages move meanwhile.
-        turn = sorted(order, key=lambda index: index in unanswered)
-        found = await _claim_in_turn(from_queue, turn, max_messages=min(batch_size, target - moved))
-        _log_unanswered(
-            source, {i: e for i, e in found.unanswered.items() if i not in unanswered}, now="trying it again"
-        )
-        for index in found.answered:
-            unanswered.pop(index, None)
-        unanswered.update(found.unanswered)
-        order = [index for index in order if index not in found.emptied] + found.emptied
-        if not found.taken:
-            if not unanswered:
-                break  # every shard's leader answered, with nothing to hand out
-            now = loop.time()
-            stalled_since = now if stalled_since is None else stalled_since
-            if now - stalled_since < wait_s:
-                await asyncio.sleep(REDRIVE_RETRY_S)
-                continue
-            _log_unanswered(source, unanswered, now="stopping with messages left")
-            yield RedriveProgress(moved, max(target - moved, 0), done=False)
+
+    def progress(*, done: bool) -> RedriveProgress:
+        return RedriveProgress(moved, max(target - moved - len(kept), 0), done=done, kept=len(kept))
+
+    try:
+        while moved + len(kept) < target:
+            # Shards whose leader did not answer go after the rest, whose messages move meanwhile.
+            turn = sorted(order, key=lambda index: index in unanswered)
+            found = await _claim_in_turn(from_queue, turn, max_messages=min(batch_size, target - moved - len(kept)))
+            _log_unanswered(
+                source, {i: e for i, e in found.unanswered.items() if i not in unanswered}, now="trying it again"
+            )
+            for index in found.answered:
+                unanswered.pop(index, None)
+            unanswered.update(found.unanswered)
+            order = [index for index in order if index not in found.emptied] + found.emptied
+            if not found.taken:
+                if not unanswered:
+                    break  # every shard's leader answered, with nothing to hand out
+                now = loop.time()
+                stalled_since = now if stalled_since is None else stalled_since
+                if now - stalled_since < wait_s:
+                    await asyncio.sleep(REDRIVE_RETRY_S)
+                    continue
+                _log_unanswered(source, unanswered, now="stopping with messages left")
+                yield progress(done=False)
+                raise Unavailable(
+                    f"redrive from {source} to {going_to} stopped: no leader answered for "
+                    f"{shards_away(source, unanswered)} in {now - stalled_since:.0f}s; the messages there stay "
+                    "in the queue: run the redrive again after the failover"
+                )
+            if stalled_since is not None:
+                # Moving again after a wait: the rate counts from now, not as though the wait
+                # had been spent moving (which would make up for it with a burst).
+                stalled_since = None
+                paced_since, paced_from = loop.time(), moved
+            by_destination: dict[str, list[_Taken]] = {}
+            for taken in found.taken:
+                back_to = destination or taken.attributes.get(DEAD_LETTER_SOURCE_ATTRIBUTE, "")
+                if back_to in destinations:
+                    by_destination.setdefault(back_to, []).append(taken)
+                else:
+                    kept[taken.message_id] = taken.receipt
+            copied: list[str] = []
+            failed: list[str] = []
+            first_error: ShardqError | None = None
+            for name, going in by_destination.items():
+                to_queue = destinations[name]
+                copies = [
+                    build_moved_copy(
+                        body=taken.body,
+                        # Back to work: the dead-letter notes stay behind.
+                        attributes={
+                            k: v for k, v in taken.attributes.items() if not k.startswith(RESERVED_ATTRIBUTE_PREFIX)
+                        },
+                        group_id=taken.group_id,
+                        dedup_id=f"redrive:{source}:{taken.message_id}",
+                        source=source,
+                        target=to_queue.config,
+                    )
+                    for taken in going
+                ]
+                entries = await to_queue.send(copies)
+                for taken, entry in zip(going, entries, strict=True):
+                    if entry.error is None:
+                        copied.append(taken.receipt)
+                    else:
+                        failed.append(taken.receipt)
+                        first_error = first_error or entry.error
+            deleted = 0
+            if copied:
+                outcomes = await from_queue.delete(copied)
+                deleted = outcomes.count(None)
+                not_deleted += len(copied) - deleted
+                delete_failures.update(outcome for outcome in outcomes if outcome is not None)
+            if first_error is not None:
+                await from_queue.change_visibility([(receipt, 0) for receipt in failed])
+                moved += deleted
+                yield progress(done=False)
+                raise first_error
+            moved += deleted
+            yield progress(done=False)
+            if rate_per_second:
+                ahead_s = (moved - paced_from) / rate_per_second - (loop.time() - paced_since)
+                if ahead_s > 0:
+                    await asyncio.sleep(ahead_s)
+        if not_deleted:
+            # Their claims end after REDRIVE_CLAIM_MS and they are visible in the source again;
+            # moved again within the destination's dedup window, they make no second copy.
+            yield progress(done=False)
             raise Unavailable(
-                f"redrive from {source} to {destination} stopped: no leader answered for "
-                f"{shards_away(source, unanswered)} in {now - stalled_since:.0f}s; the messages there stay "
-                "in the queue: run the redrive again after the failover"
+                f"redrive from {source} to {going_to} stopped: {not_deleted} message(s) copied to {going_to} "
+                f"could not be removed from {source} ({', '.join(sorted(delete_failures))}) and may be moved "
+                "again by the next redrive"
             )
-        if stalled_since is not None:
-            # Moving again after a wait: the rate counts from now, not as though the wait
-            # had been spent moving (which would make up for it with a burst).
-            stalled_since = None
-            paced_since, paced_from = loop.time(), moved
-        copies = [
-            build_moved_copy(
-                body=taken.body,
-                # Back to work: the dead-letter notes stay behind.
-                attributes={k: v for k, v in taken.attributes.items() if not k.startswith(RESERVED_ATTRIBUTE_PREFIX)},
-                group_id=taken.group_id,
-                dedup_id=f"redrive:{source}:{taken.message_id}",
-                source=source,
-                target=to_queue.config,
-            )
-            for taken in found.taken
-        ]
-        entries = await to_queue.send(copies)
-        copied = [taken.receipt for taken, entry in zip(found.taken, entries, strict=True) if entry.error is None]
-        failed = [taken.receipt for taken, entry in zip(found.taken, entries, strict=True) if entry.error is not None]
-        deleted = 0
-        if copied:
-            outcomes = await from_queue.delete(copied)
-            deleted = outcomes.count(None)
-            not_deleted += len(copied) - deleted
-            delete_failures.update(outcome for outcome in outcomes if outcome is not None)
-        if failed:
-            await from_queue.change_visibility([(receipt, 0) for receipt in failed])
-            first_error = next(entry.error for entry in entries if entry.error is not None)
-            yield RedriveProgress(moved + deleted, max(target - moved - deleted, 0), done=False)
-            raise first_error
-        moved += deleted
-        yield RedriveProgress(moved, target - moved, done=False)
-        if rate_per_second:
-            ahead_s = (moved - paced_from) / rate_per_second - (loop.time() - paced_since)
-            if ahead_s > 0:
-                await asyncio.sleep(ahead_s)
-    if not_deleted:
-        # Their claims end after REDRIVE_CLAIM_MS and they are visible in the source again;
-        # moved again within the destination's dedup window, they make no second copy.
-        yield RedriveProgress(moved, max(target - moved, 0), done=False)
-        raise Unavailable(
-            f"redrive from {source} to {destination} stopped: {not_deleted} message(s) copied to {destination} "
-            f"could not be removed from {source} ({', '.join(sorted(delete_failures))}) and may be moved again "
-            "by the next redrive"
+        yield progress(done=True)
+    finally:
+        if kept:
+            # Visible again at once, for a redrive elsewhere; should this fail, their claims
+            # end after REDRIVE_CLAIM_MS anyway.
+            receipts = list(kept.values())
+            with contextlib.suppress(ShardqError):
+                for at in range(0, len(receipts), REDRIVE_BATCH):
+                    await from_queue.change_visibility([(receipt, 0) for receipt in receipts[at : at + REDRIVE_BATCH]])
+
+
+def redrive_destinations(host: QueueHost, source: str, destination: str) -> dict[str, HostedQueue]:
+    """The queues a redrive of `source` may move messages to: `destination`, or without
+    one, the queues that send their dead letters to `source`. QueueNotFound for a queue
+    that does not exist, InvalidArgument for a destination that is the source, or for no
+    destination and no queue to return to."""
+    if source == destination:
+        raise InvalidArgument("destination", "must differ from source")
+    host.get(source)
+    if destination:
+        return {destination: host.get(destination)}
+    returning = {name: queue for name, queue in list(host.queues.items()) if queue.config.dead_letter_queue == source}
+    if not returning:
+        raise InvalidArgument(
+            "destination",
+            f"no queue sends its dead letters to {source!r}, so its messages have no queue to return to: name one",
         )
-    yield RedriveProgress(moved, max(target - moved, 0), done=True)
+    return returning

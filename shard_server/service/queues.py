@@ -424,15 +424,23 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         try:
             if self.access.enforced:
                 await self._authorized(context, ADMIN, request.source)
-                await self._authorized(context, ADMIN, request.destination)
+            # Asked before the redrive, so that each queue moved to is one authorized here
+            # (without a destination: every queue that sends its dead letters to the source).
+            destinations = background.redrive_destinations(self.host, request.source, request.destination)
+            if self.access.enforced:
+                for name in sorted(destinations):
+                    await self._authorized(context, ADMIN, name)
             async for progress in background.redrive(
                 self.host,
                 source=request.source,
                 destination=request.destination,
                 rate_per_second=request.rate_per_second,
                 max_messages=request.max_messages,
+                destinations=destinations,
             ):
-                yield queue_pb2.RedriveProgress(moved=progress.moved, remaining=progress.remaining, done=progress.done)
+                yield queue_pb2.RedriveProgress(
+                    moved=progress.moved, remaining=progress.remaining, done=progress.done, kept=progress.kept
+                )
         except ShardqError as error:
             await abort_with(context, error)
 

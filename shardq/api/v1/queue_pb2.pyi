@@ -885,6 +885,9 @@ class RedriveRequest(_message.Message):
     source: _builtins.str
     """The dead-letter queue to drain."""
     destination: _builtins.str
+    """Where its messages go. Empty: each back to the queue it was dead-lettered from, if
+    that queue still sends its dead letters to `source` (the others stay: `kept`).
+    """
     rate_per_second: _builtins.float
     """Messages per second; 0 means unlimited."""
     max_messages: _builtins.int
@@ -912,19 +915,26 @@ class RedriveProgress(_message.Message):
     MOVED_FIELD_NUMBER: _builtins.int
     REMAINING_FIELD_NUMBER: _builtins.int
     DONE_FIELD_NUMBER: _builtins.int
+    KEPT_FIELD_NUMBER: _builtins.int
     moved: _builtins.int
     remaining: _builtins.int
     done: _builtins.bool
+    kept: _builtins.int
+    """Without a destination: messages left in the source, since no queue that sends its
+    dead letters there is theirs (sent to it directly, or their queue was since pointed
+    elsewhere or deleted).
+    """
     def __init__(
         self,
         *,
         moved: _builtins.int = ...,
         remaining: _builtins.int = ...,
         done: _builtins.bool = ...,
+        kept: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "moved", b"moved", "remaining", b"remaining"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "kept", b"kept", "moved", b"moved", "remaining", b"remaining"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
