@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from shardq.aio import AsyncClient
     from shardq.client import Client
-    from shardq.consumer import ConsumerStats, run_consumer
+    from shardq.consumer import ConsumerStats, DeadLetter, run_consumer
     from shardq.consumer_streams import ConsumerStream
     from shardq.errors import (
         InvalidArgument,
@@ -45,6 +45,7 @@ _HOMES = {
     "ConsumerStream": "shardq.consumer_streams",
     "Client": "shardq.client",
     "ConsumerStats": "shardq.consumer",
+    "DeadLetter": "shardq.consumer",
     "run_consumer": "shardq.consumer",
     "InvalidArgument": "shardq.errors",
     "NotLeader": "shardq.errors",
@@ -69,6 +70,7 @@ __all__ = [
     "Client",
     "ConsumerStats",
     "ConsumerStream",
+    "DeadLetter",
     "EntryResult",
     "InvalidArgument",
     "Message",

@@ -895,12 +895,19 @@ class AsyncClient:
             max_in_flight=MAX_ACKS_IN_FLIGHT,
         )
 
-    async def release_messages(self, queue: str, receipts: Sequence[str], *, reason: str = "") -> list[EntryResult]:
+    async def release_messages(
+        self, queue: str, receipts: Sequence[str], *, reason: str = "", dead_letter: bool = False
+    ) -> list[EntryResult]:
         """Release (nack with backoff); `reason` (at most 1024 characters) is kept as each
-        message's last error and carried to its dead-letter copy."""
+        message's last error and carried to its dead-letter copy. `dead_letter`: send them
+        to the queue's dead-letter queue now, whatever their receive counts (RabbitMQ's
+        reject without requeue), for a message its consumer knows will never succeed; a
+        queue without one refuses (InvalidArgument naming `dead_letter`)."""
 
         async def call(address: str, chunk: list[str]) -> list[EntryResult]:
-            request = queue_pb2.ReleaseMessagesRequest(queue=queue, receipts=chunk, reason=reason)
+            request = queue_pb2.ReleaseMessagesRequest(
+                queue=queue, receipts=chunk, reason=reason, dead_letter=dead_letter
+            )
             return entry_results_from_proto(
                 (await self._routed(queue, address, "ReleaseMessages", request, idempotent=False)).results
             )

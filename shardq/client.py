@@ -165,8 +165,10 @@ class Client:
     def change_visibility(self, queue: str, changes: Sequence[tuple[str, int]]) -> list[EntryResult]:
         return self._run(self._async.change_visibility(queue, changes))
 
-    def release_messages(self, queue: str, receipts: Sequence[str], *, reason: str = "") -> list[EntryResult]:
-        return self._run(self._async.release_messages(queue, receipts, reason=reason))
+    def release_messages(
+        self, queue: str, receipts: Sequence[str], *, reason: str = "", dead_letter: bool = False
+    ) -> list[EntryResult]:
+        return self._run(self._async.release_messages(queue, receipts, reason=reason, dead_letter=dead_letter))
 
     def purge(self, queue: str) -> int:
         return self._run(self._async.purge(queue))

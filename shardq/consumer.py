@@ -1,8 +1,9 @@
 """The consumer helper: receive, run a handler, keep the message hidden while it
 runs (heartbeat) and while it waits in the prefetch, delete on success, release with
-backoff on failure, and stop cleanly on SIGTERM/SIGINT without losing or
-double-handling anything; a second signal stops without waiting for the handlers
-still running, and gives their messages back. Its workers share one consumer stream."""
+backoff on failure, dead-letter at once when the handler raises DeadLetter, and stop
+cleanly on SIGTERM/SIGINT without losing or double-handling anything; a second signal
+stops without waiting for the handlers still running, and gives their messages back. Its
+workers share one consumer stream."""
 
 from __future__ import annotations
 
@@ -43,6 +44,14 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
+class DeadLetter(Exception):
+    """Raised by a run_consumer handler for a message that will never succeed (it cannot
+    be parsed, it names something that does not exist): the message goes to the queue's
+    dead-letter queue now, with the exception's text as its last error, rather than being
+    retried until max_receive_count. On a queue without a dead-letter queue it is
+    released with backoff instead, as a failure, and a warning says why."""
+
+
 @dataclasses.dataclass
 class ConsumerStats:
     handled: int = 0
@@ -50,6 +59,8 @@ class ConsumerStats:
     heartbeats: int = 0
     # Handlers still running when `stop_now` came: their messages were given back.
     cut_off: int = 0
+    # Messages whose handler raised DeadLetter, sent to the dead-letter queue.
+    dead_lettered: int = 0
 
 
 def stop_on_signal(stop: asyncio.Event, stop_now: asyncio.Event) -> None:
@@ -144,6 +155,24 @@ async def _acknowledge(
     return result.ok
 
 
+async def _dead_letter(stream: ConsumerStream, message: ReceivedMessage, reason: str) -> bool:
+    """Dead-letter a message its handler gave up on for good; False if that did not happen
+    (no dead-letter queue, the stream broke): the caller releases it as a failure."""
+    try:
+        (result,) = await stream.dead_letter([message.receipt], reason=reason)
+    except ShardqError as error:
+        log.warning("dead-lettering %s failed (%s); releasing it with backoff", message.message_id, error)
+        return False
+    if not result.ok:
+        log.warning(
+            "dead-lettering %s refused (%s: %s); releasing it with backoff",
+            message.message_id,
+            result.reason,
+            result.message,
+        )
+    return result.ok
+
+
 async def run_consumer(
     client: AsyncClient,
     queue: str,
@@ -172,7 +201,8 @@ async def run_consumer(
     `concurrency` threads of run_consumer's own, and an awaitable it returns is awaited
     on the loop. A message is deleted once its handler (and that awaitable) completed;
     a handler that raises, `asyncio.CancelledError` included, has its message released
-    with backoff, unless the CancelledError is run_consumer's own ending.
+    with backoff, unless the CancelledError is run_consumer's own ending; one that
+    raises DeadLetter has it dead-lettered at once (`stats.dead_lettered`).
     Pass `stats` to watch the counts while it runs. Claims last `visibility_timeout_ms`,
     by default the queue's own visibility timeout, as a receive without one does.
 
@@ -269,6 +299,11 @@ async def run_consumer(
                 # inner task, say): let through, it ended its worker silently (with the last
                 # one, run_consumer returned as if stopped) and left its message claimed.
                 failure = _describe_failure(error)
+                if isinstance(error, DeadLetter):
+                    _stop_beating(timer, beat)
+                    if await _dead_letter(stream, message, failure[:MAX_RELEASE_REASON_CHARS]):
+                        stats.dead_lettered += 1
+                        return
                 log.warning(
                     "handler failed for message %s (%s); releasing it with backoff",
                     message.message_id,

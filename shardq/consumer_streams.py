@@ -16,7 +16,7 @@ from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.coalescing import Coalescer
 from shardq.converting import received_from_proto
 from shardq.errors import OutcomeUnknown, ShardqError, Unavailable
-from shardq.status import entry_results_from_proto, error_from_rpc, unknown_if_sent
+from shardq.status import entry_results_from_proto, error_from_rpc, error_from_stream, unknown_if_sent
 from shardq.types import EntryResult, ReceivedMessage
 
 
@@ -149,7 +149,7 @@ class ConsumerStream:
             yield message
 
     async def _acknowledge(
-        self, *, delete: Sequence[str], release: Sequence[str], reason: str = ""
+        self, *, delete: Sequence[str], release: Sequence[str], reason: str = "", dead_letter: Sequence[str] = ()
     ) -> queue_pb2.AckResult:
         if self._reader is not None and self._reader.done():
             # Nobody would ever answer it (a delete then waited forever, and so did
@@ -158,7 +158,9 @@ class ConsumerStream:
         ack_id = next(self._ack_ids)
         # Built before its future is registered: a receipt of the wrong type raises here, and
         # a future registered first was failed at the stream's end with nobody to retrieve it.
-        acknowledge = queue_pb2.Acknowledge(ack_id=ack_id, receipts=delete, release=release, release_reason=reason)
+        acknowledge = queue_pb2.Acknowledge(
+            ack_id=ack_id, receipts=delete, release=release, release_reason=reason, dead_letter=dead_letter
+        )
         future: asyncio.Future[queue_pb2.AckResult] = asyncio.get_running_loop().create_future()
         self._acks[ack_id] = future
         self._requests.put_nowait(queue_pb2.ConsumeRequest(ack=acknowledge))
@@ -202,6 +204,21 @@ class ConsumerStream:
                 results += entry_results_from_proto(answer.released)
             return results
         return await self._releases.add_many(receipts)
+
+    async def dead_letter(self, receipts: Sequence[str], *, reason: str = "") -> list[EntryResult]:
+        """Dead-letter now over the stream, whatever the messages' receive counts (as the
+        client's `release_messages(..., dead_letter=True)`); `reason` is kept as their
+        last error and carried to the dead-letter copies. A frame refused whole raises
+        its error: InvalidArgument on a queue without a dead-letter queue, before anything
+        was acted on."""
+        results: list[EntryResult] = []
+        for start in range(0, len(receipts), MAX_ACK_BATCH):
+            chunk = receipts[start : start + MAX_ACK_BATCH]
+            answer = await self._acknowledge(delete=(), release=(), reason=reason, dead_letter=chunk)
+            if answer.HasField("failed") and not answer.dead_lettered:
+                raise error_from_stream(answer.failed, queue=self.queue)
+            results += entry_results_from_proto(answer.dead_lettered)
+        return results
 
     async def close(self) -> list[ReceivedMessage]:
         """End the stream. Returns the messages it received that were never taken from

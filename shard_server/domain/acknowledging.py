@@ -1,4 +1,4 @@
-"""Acting on a receipt: delete, change visibility, release (nack with backoff).
+"""Acting on a receipt: delete, change visibility, release (nack with backoff), dead-letter now.
 
 Each succeeds only with the message's current claim before its deadline; any
 other receipt is rejected with a specific reason and changes nothing.
@@ -11,7 +11,7 @@ import dataclasses
 from shard_server.domain.context import ShardContext, commit_event
 from shard_server.domain.events import ChangeKind, DeliveryChanged, RemovalKind, Removed
 from shard_server.domain.messages import Delivery, DeliveryState
-from shard_server.domain.receiving import ClaimedMessage
+from shard_server.domain.receiving import DEAD_LETTER_REASON_REJECTED, ClaimedMessage
 from shard_server.domain.store import ShardStore
 from shard_server.domain.transitions import Action, next_state, require_transition
 from shardq.errors import Reason
@@ -95,5 +95,23 @@ def release_message(
         last_error=reason or checked.last_error,
     )
     event = DeliveryChanged(ChangeKind.RELEASED, released, reason=reason)
+    commit_event(store, context, event, now_ms=now_ms, current=checked)
+    return None
+
+
+def dead_letter_message(
+    store: ShardStore, context: ShardContext, receipt: Receipt, *, now_ms: int, reason: str = ""
+) -> Reason | None:
+    """Dead-letter the claimed message now, whatever its receive count (its consumer knows
+    it will never succeed); the dead-letter mover takes it to the queue's DLQ as it takes
+    one received too often. `reason` is kept as its last error, and so carried along.
+    Only for a queue with a dead-letter queue: the caller checks."""
+    checked = check_receipt(store, context, receipt, now_ms=now_ms)
+    if isinstance(checked, Reason):
+        return checked
+    dead = dataclasses.replace(
+        checked, state=next_state(checked.state, Action.DEAD_LETTER), last_error=reason or checked.last_error
+    )
+    event = DeliveryChanged(ChangeKind.DEAD_LETTERED, dead, DEAD_LETTER_REASON_REJECTED)
     commit_event(store, context, event, now_ms=now_ms, current=checked)
     return None

@@ -17,6 +17,8 @@ from shard_server.domain.transitions import Action, next_state
 from shardq.receipts import Receipt
 
 DEAD_LETTER_REASON_MAX_RECEIVES = "max_receive_count"
+# Dead-lettered by its consumer before that (acknowledging.dead_letter_message).
+DEAD_LETTER_REASON_REJECTED = "rejected"
 # Read once: an enum member read from its class costs about 60 ns, once per claimed message.
 _CLAIM = Action.CLAIM
 _RECEIVED = ChangeKind.RECEIVED

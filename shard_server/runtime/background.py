@@ -64,10 +64,12 @@ def dead_letter_attributes(source: QueueConfig, delivery: Delivery | None) -> di
     """What a dead-letter copy says about itself: where from, why, and the last error
     its handlers gave when releasing it (reserved keys: senders cannot set them)."""
     receives = delivery.receive_count if delivery is not None else 0
-    attributes = {
-        DEAD_LETTER_SOURCE_ATTRIBUTE: source.name,
-        DEAD_LETTER_REASON_ATTRIBUTE: f"received {receives} times (max_receive_count {source.max_receive_count})",
-    }
+    if delivery is not None and receives < source.max_receive_count:
+        # Received too often only at max_receive_count: before that its consumer sent it.
+        why = f"rejected by its consumer on receive {receives} (max_receive_count {source.max_receive_count})"
+    else:
+        why = f"received {receives} times (max_receive_count {source.max_receive_count})"
+    attributes = {DEAD_LETTER_SOURCE_ATTRIBUTE: source.name, DEAD_LETTER_REASON_ATTRIBUTE: why}
     if delivery is not None and delivery.last_error:
         attributes[LAST_ERROR_ATTRIBUTE] = delivery.last_error
     return attributes

@@ -266,9 +266,11 @@ class LeaderCalls:
         return await self._entries(queue, self._stub(leader).DeleteMessages(request, metadata=self._marked, timeout=30))
 
     async def release_messages(
-        self, leader: str, queue: str, receipts: Sequence[str], *, reason: str
+        self, leader: str, queue: str, receipts: Sequence[str], *, reason: str, dead_letter: bool = False
     ) -> list[Reason | None]:
-        request = queue_pb2.ReleaseMessagesRequest(queue=queue, receipts=receipts, reason=reason)
+        request = queue_pb2.ReleaseMessagesRequest(
+            queue=queue, receipts=receipts, reason=reason, dead_letter=dead_letter
+        )
         call = self._stub(leader).ReleaseMessages(request, metadata=self._marked, timeout=30)
         return await self._entries(queue, call)
 

@@ -100,6 +100,7 @@ class HostedShard:
         self.released = metrics.RELEASED.labels(*labels)
         self.expired = metrics.EXPIRED.labels(*labels)
         self.dead_lettered = metrics.DEAD_LETTERED.labels(*labels, receiving.DEAD_LETTER_REASON_MAX_RECEIVES)
+        self.rejected_to_dead_letters = metrics.DEAD_LETTERED.labels(*labels, receiving.DEAD_LETTER_REASON_REJECTED)
         # Exported at 0 from the start, as every counter above: the refusals an alert watches
         # must show as an increase (a series first scraped at 1 hides them from rate()).
         metrics.SENDS_REFUSED.labels(*labels, Reason.QUEUE_FULL.value)

@@ -1039,6 +1039,37 @@ class HostedQueue:
             forwarded=forwarded,
         )
 
+    def check_dead_letter_queue(self, field: str) -> None:
+        """Raise InvalidArgument naming `field` unless the queue has a dead-letter queue."""
+        if not self.config.dead_letter_queue:
+            raise InvalidArgument(
+                field,
+                f"queue {self.config.name!r} has no dead-letter queue to send them to (set deadLetterQueue and "
+                "maxReceiveCount); release them instead",
+            )
+
+    async def dead_letter(
+        self, receipts: Sequence[str], *, reason: str = "", forwarded: bool = False
+    ) -> list[Reason | None]:
+        """Dead-letter the claimed messages now (acknowledging.dead_letter_message), each on
+        its shard's leader; the dead-letter mover then moves them. InvalidArgument if the
+        queue has no dead-letter queue: nothing would take them, and nothing is dropped."""
+        self.check_dead_letter_queue("dead_letter")
+        outcomes = await self._act_on_receipts(
+            receipts,
+            lambda tx, context, receipt, _, now: acknowledging.dead_letter_message(
+                tx, context, receipt, now_ms=now, reason=reason
+            ),
+            lambda shard: shard.rejected_to_dead_letters,
+            lambda leader, positions: self._calls.release_messages(
+                leader, self.config.name, [receipts[p] for p in positions], reason=reason, dead_letter=True
+            ),
+            forwarded=forwarded,
+        )
+        if None in outcomes:
+            self.wake_dead_letter_mover()
+        return outcomes
+
     async def change_visibility(
         self, changes: Sequence[tuple[str, int]], *, forwarded: bool = False
     ) -> list[Reason | None]:

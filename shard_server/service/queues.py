@@ -297,7 +297,10 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         validate_receipts("receipts", request.receipts)
         validate_release_reason("reason", request.reason)
         forwarded = self._forwarded(context)
-        outcomes = await queue.release(list(request.receipts), reason=request.reason, forwarded=forwarded)
+        if request.dead_letter:
+            outcomes = await queue.dead_letter(list(request.receipts), reason=request.reason, forwarded=forwarded)
+        else:
+            outcomes = await queue.release(list(request.receipts), reason=request.reason, forwarded=forwarded)
         return queue_pb2.ReleaseMessagesResponse(results=entry_results_to_proto(outcomes))
 
     @unary("PurgeQueue", ADMIN)
@@ -537,6 +540,11 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                     validate_receipts("ack.receipts", ack.receipts)
                 if ack.release:
                     validate_receipts("ack.release", ack.release)
+                if ack.dead_letter:
+                    validate_receipts("ack.dead_letter", ack.dead_letter)
+                    # Before anything is acted on: a refusal after the deletes would read
+                    # as though they had failed too.
+                    self.host.get(queue.config.name).check_dead_letter_queue("ack.dead_letter")
             except ShardqError as error:
                 refusal = stream_error(error)
                 outgoing.put_nowait(
@@ -545,7 +553,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                 metrics.STREAM_REQUESTS.labels(CONSUME_STREAM, refusal.code).inc()
                 return
             try:
-                if ack.release:
+                if ack.release or ack.dead_letter:
                     validate_release_reason("ack.release_reason", ack.release_reason)
                 # The queue of that name now, as a DeleteMessages call finds it: deleted
                 # since the stream started, acknowledging raises QUEUE_NOT_FOUND, as that
@@ -553,10 +561,16 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                 current = self.host.get(queue.config.name)
                 deleted = await current.delete(list(ack.receipts)) if ack.receipts else []
                 released = await current.release(list(ack.release), reason=ack.release_reason) if ack.release else []
+                dead = (
+                    await current.dead_letter(list(ack.dead_letter), reason=ack.release_reason)
+                    if ack.dead_letter
+                    else []
+                )
                 result = queue_pb2.AckResult(
                     ack_id=ack.ack_id,
                     deleted=entry_results_to_proto(deleted),
                     released=entry_results_to_proto(released),
+                    dead_lettered=entry_results_to_proto(dead),
                 )
                 acknowledged.inc()
             except ShardqError as error:
@@ -571,6 +585,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                     ack_id=ack.ack_id,
                     deleted=[failed] * len(ack.receipts),
                     released=[failed] * len(ack.release),
+                    dead_lettered=[failed] * len(ack.dead_letter),
                     failed=refusal,
                 )
                 metrics.STREAM_REQUESTS.labels(CONSUME_STREAM, refusal.code).inc()

@@ -87,7 +87,7 @@ receive_count          int                  deliveries so far, as of this event;
 visible_at             timestamp            RECEIVED / VISIBILITY_CHANGED / RELEASED:
                                             when it becomes visible again
 group_id               string               SENT: FIFO group; null if none
-reason                 string               DEAD_LETTERED: why, e.g. max_receive_count
+reason                 string               DEAD_LETTERED: why: max_receive_count, or rejected (its consumer sent it)
 source_queue           string               SENT into a dead-letter queue or by a redrive:
                                             the queue it came from
 purged_count           bigint               PURGED: messages removed

@@ -497,10 +497,17 @@ class ReleaseMessagesRequest(_message.Message):
     QUEUE_FIELD_NUMBER: _builtins.int
     RECEIPTS_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    DEAD_LETTER_FIELD_NUMBER: _builtins.int
     queue: _builtins.str
     reason: _builtins.str
     """Why (e.g. the handler's error): kept as each message's last error and
     carried to its dead-letter copy. At most 1024 characters.
+    """
+    dead_letter: _builtins.bool
+    """Dead-letter the messages now, whatever their receive counts (a consumer that knows a
+    message will never succeed: RabbitMQ's reject without requeue), instead of making
+    them visible again. The queue must have a dead-letter queue (INVALID_ARGUMENT
+    naming `dead_letter` otherwise): nothing is dropped.
     """
     @_builtins.property
     def receipts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
@@ -510,10 +517,11 @@ class ReleaseMessagesRequest(_message.Message):
         queue: _builtins.str = ...,
         receipts: _abc.Iterable[_builtins.str] | None = ...,
         reason: _builtins.str = ...,
+        dead_letter: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue", "reason", b"reason", "receipts", b"receipts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dead_letter", b"dead_letter", "queue", b"queue", "reason", b"reason", "receipts", b"receipts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1060,9 +1068,12 @@ class Acknowledge(_message.Message):
     RECEIPTS_FIELD_NUMBER: _builtins.int
     RELEASE_FIELD_NUMBER: _builtins.int
     RELEASE_REASON_FIELD_NUMBER: _builtins.int
+    DEAD_LETTER_FIELD_NUMBER: _builtins.int
     ack_id: _builtins.int
     release_reason: _builtins.str
-    """Why the `release` receipts are released (as ReleaseMessagesRequest.reason)."""
+    """Why the `release` and `dead_letter` receipts are given back (as
+    ReleaseMessagesRequest.reason).
+    """
     @_builtins.property
     def receipts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Receipts to delete (at most 1000 a frame, as DeleteMessagesRequest)."""
@@ -1071,6 +1082,10 @@ class Acknowledge(_message.Message):
     def release(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Receipts to release with backoff (negative acknowledgement; at most 1000)."""
 
+    @_builtins.property
+    def dead_letter(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Receipts to dead-letter now (as ReleaseMessagesRequest.dead_letter; at most 1000)."""
+
     def __init__(
         self,
         *,
@@ -1078,10 +1093,11 @@ class Acknowledge(_message.Message):
         receipts: _abc.Iterable[_builtins.str] | None = ...,
         release: _abc.Iterable[_builtins.str] | None = ...,
         release_reason: _builtins.str = ...,
+        dead_letter: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_id", b"ack_id", "receipts", b"receipts", "release", b"release", "release_reason", b"release_reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_id", b"ack_id", "dead_letter", b"dead_letter", "receipts", b"receipts", "release", b"release", "release_reason", b"release_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1123,12 +1139,15 @@ class AckResult(_message.Message):
     ACK_ID_FIELD_NUMBER: _builtins.int
     DELETED_FIELD_NUMBER: _builtins.int
     RELEASED_FIELD_NUMBER: _builtins.int
+    DEAD_LETTERED_FIELD_NUMBER: _builtins.int
     FAILED_FIELD_NUMBER: _builtins.int
     ack_id: _builtins.int
     @_builtins.property
     def deleted(self) -> _containers.RepeatedCompositeFieldContainer[Global___EntryResult]: ...
     @_builtins.property
     def released(self) -> _containers.RepeatedCompositeFieldContainer[Global___EntryResult]: ...
+    @_builtins.property
+    def dead_lettered(self) -> _containers.RepeatedCompositeFieldContainer[Global___EntryResult]: ...
     @_builtins.property
     def failed(self) -> Global___StreamError:
         """Set when the acknowledgement failed as a whole (the error DeleteMessages would have
@@ -1143,11 +1162,12 @@ class AckResult(_message.Message):
         ack_id: _builtins.int = ...,
         deleted: _abc.Iterable[Global___EntryResult] | None = ...,
         released: _abc.Iterable[Global___EntryResult] | None = ...,
+        dead_lettered: _abc.Iterable[Global___EntryResult] | None = ...,
         failed: Global___StreamError | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["failed", b"failed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_id", b"ack_id", "deleted", b"deleted", "failed", b"failed", "released", b"released"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_id", b"ack_id", "dead_lettered", b"dead_lettered", "deleted", b"deleted", "failed", b"failed", "released", b"released"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
