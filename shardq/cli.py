@@ -33,7 +33,7 @@ from shardq.errors import InvalidArgument, Reason, ShardqError
 from shardq.queues import MAX_RECEIVE_BATCH
 from shardq.status import UNRESOLVED_HOST_TEXTS
 from shardq.tls import CA_FILE_ENV, SERVER_NAME_ENV, TLS_ENV
-from shardq.types import Message, QueueAttributes, ReceivedMessage
+from shardq.types import EntryResult, Message, QueueAttributes, ReceivedMessage
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -563,18 +563,45 @@ def delete(endpoint: str, queue: str, receipts: tuple[str, ...]) -> None:
     """Delete received messages by receipt."""
     with Client(endpoint) as client:
         results = client.delete_messages(queue, list(receipts))
-    # One line per receipt, in the order given: some may succeed while others fail.
+    _report_each_receipt(receipts, results, action="delete", done="deleted")
+
+
+def _report_each_receipt(receipts: tuple[str, ...], results: list[EntryResult], *, action: str, done: str) -> None:
+    """One line per receipt, in the order given (some may succeed while others fail);
+    a non-zero exit naming the reasons if any failed."""
     for receipt, result in zip(receipts, results, strict=True):
         shown = receipt if len(receipt) <= 24 else receipt[:21] + "..."
         if result.ok:
-            click.echo(f"deleted\t{shown}")
+            click.echo(f"{done}\t{shown}")
         else:
             click.echo(f"failed\t{shown}\t{result.reason}: {result.message}")
     reasons = sorted({result.reason for result in results if not result.ok})
     if reasons:
         failed = sum(1 for result in results if not result.ok)
-        others = " (the others were deleted)" if failed < len(results) else ""
-        raise click.ClickException(f"{failed} of {len(results)} deletes failed: {', '.join(reasons)}{others}")
+        others = f" (the others were {done})" if failed < len(results) else ""
+        raise click.ClickException(f"{failed} of {len(results)} {action}s failed: {', '.join(reasons)}{others}")
+
+
+@main.command()
+@endpoint_option
+@click.option("--queue", required=True)
+@click.option("--receipt", "receipts", multiple=True, required=True)
+@click.option("--reason", default="", help="why: kept as the messages' last error, and on their dead-letter copies")
+@click.option(
+    "--dead-letter",
+    is_flag=True,
+    help="send them to the queue's dead-letter queue now, whatever their receive counts",
+)
+@fail_cleanly
+def release(endpoint: str, queue: str, receipts: tuple[str, ...], reason: str, dead_letter: bool) -> None:
+    """Give received messages back: visible again after the queue's backoff, or with
+    --dead-letter, to its dead-letter queue now (a message that will never succeed)."""
+    with Client(endpoint) as client:
+        results = client.release_messages(queue, list(receipts), reason=reason, dead_letter=dead_letter)
+    if dead_letter:
+        _report_each_receipt(receipts, results, action="dead-letter", done="dead-lettered")
+    else:
+        _report_each_receipt(receipts, results, action="release", done="released")
 
 
 @main.command("change-visibility")

@@ -1,15 +1,17 @@
 """A consumer that knows a message will never succeed sends it to the dead-letter queue at
 once, on its first receive, instead of retrying it until max_receive_count (SQS cannot;
 RabbitMQ's reject without requeue does): over a unary release, over the consumer stream,
-and from a run_consumer handler raising DeadLetter. The copy says it was rejected and
-why; a queue without a dead-letter queue refuses, naming `dead_letter`, and keeps the
-message; on a cluster the leader of the message's shard does it, whichever server is
-called."""
+from a run_consumer handler raising DeadLetter, and with `shardq release --dead-letter`.
+The copy says it was rejected and why; a queue without a dead-letter queue refuses,
+naming `dead_letter`, and keeps the message; on a cluster the leader of the message's
+shard does it, whichever server is called."""
 
 from __future__ import annotations
 
 import asyncio
 import pathlib
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import grpc
@@ -178,3 +180,36 @@ def test_on_a_cluster_any_server_passes_it_to_the_leader_and_the_copy_reaches_th
         (copy,) = dead_letters(client, 1, dlq="orders-dlq")
         assert (copy.body, copy.attributes[SOURCE], copy.attributes[LAST_ERROR]) == (b"poison", "orders", "rejected")
         assert stored_count(client, "orders") == 0
+
+
+def test_the_cli_releases_or_dead_letters_by_receipt(server_factory: ServerFactory) -> None:
+    server = server_factory(*QUEUES)
+
+    def shardq(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "shardq", *args, "--endpoint", server.endpoint],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    with Client(server.endpoint) as client:
+        client.send_messages("jobs", [Message(b"poison")])
+        (message,) = client.receive_messages("jobs", max_messages=1, visibility_timeout_ms=60_000)
+        done = shardq("release", "--queue", "jobs", "--receipt", message.receipt, "--reason", "bad", "--dead-letter")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith("dead-lettered\t")
+        (copy,) = dead_letters(client, 1)
+        assert copy.attributes[LAST_ERROR] == "bad"
+
+        client.send_messages("plain", [Message(b"kept")])
+        (message,) = client.receive_messages("plain", max_messages=1, visibility_timeout_ms=60_000)
+        refused = shardq("release", "--queue", "plain", "--receipt", message.receipt, "--dead-letter")
+        assert refused.returncode == 1
+        assert "dead_letter: queue 'plain' has no dead-letter queue" in refused.stderr
+        released = shardq("release", "--queue", "plain", "--receipt", message.receipt, "--receipt", "junk")
+        assert released.returncode == 1
+        assert released.stdout.splitlines()[0].startswith("released\t")
+        assert "1 of 2 releases failed: MALFORMED_RECEIPT (the others were released)" in released.stderr
+        assert stored_count(client, "plain") == 1
