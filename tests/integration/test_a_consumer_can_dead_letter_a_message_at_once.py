@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import subprocess
-import sys
 from collections.abc import Iterator
 
 import grpc
@@ -22,6 +21,7 @@ from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.consumer import ConsumerStats
 from shardq.coordination.cluster_map import QueueEntry
 from shardq.types import ReceivedMessage
+from tests.support.cli import run_shardq
 from tests.support.clusters import Cluster, running, send_once_led
 from tests.support.servers import ServerFactory, drain, stored_count, wait_for
 from tests.support.status_details import error_info
@@ -186,13 +186,7 @@ def test_the_cli_releases_or_dead_letters_by_receipt(server_factory: ServerFacto
     server = server_factory(*QUEUES)
 
     def shardq(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "shardq", *args, "--endpoint", server.endpoint],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        return run_shardq(server.endpoint, *args)
 
     with Client(server.endpoint) as client:
         client.send_messages("jobs", [Message(b"poison")])

@@ -7,7 +7,6 @@ does not exist is QUEUE_NOT_FOUND."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 
 import grpc
@@ -16,6 +15,7 @@ import pytest
 from shardq import Client
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.errors import ERROR_DOMAIN, InvalidArgument, QueueNotFound
+from tests.support.cli import run_shardq
 from tests.support.servers import ServerProcess
 from tests.support.status_details import error_info
 
@@ -84,13 +84,7 @@ def test_raw_grpc_gets_the_status_and_error_info(client: Client, server: ServerP
 
 def test_the_cli_lists_by_prefix_and_dead_letter_queue(client: Client, server: ServerProcess) -> None:
     def listed(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "shardq", "queues", *args, "--endpoint", server.endpoint],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        return run_shardq(server.endpoint, "queues", *args)
 
     def names(done: subprocess.CompletedProcess[str]) -> list[str]:
         assert done.returncode == 0, done.stderr

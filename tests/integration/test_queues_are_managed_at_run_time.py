@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import pathlib
 import subprocess
-import sys
 
 import grpc
 import pytest
@@ -16,6 +15,7 @@ from shardq import Client, Message
 from shardq.api.v1 import queue_pb2, queue_pb2_grpc
 from shardq.errors import InvalidArgument, QueueExists, QueueInUse, QueueManagedElsewhere, QueueNotFound
 from shardq.status import error_from_rpc
+from tests.support.cli import run_shardq
 from tests.support.servers import ServerFactory, ServerProcess, stored_count
 
 
@@ -215,13 +215,7 @@ def test_peek_looks_without_claiming(server: ServerProcess) -> None:
 
 def test_the_cli_manages_queues_and_shows_depth_and_settings(server: ServerProcess) -> None:
     def shardq(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "shardq", *args, "--endpoint", server.endpoint],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        return run_shardq(server.endpoint, *args)
 
     created = shardq("create-queue", "cli-made", "--set", "shards=2", "--set", "visibility=1m")
     assert created.returncode == 0, created.stderr

@@ -7,8 +7,6 @@ destination, is INVALID_ARGUMENT naming `destination`."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -16,6 +14,7 @@ import pytest
 
 from shardq import Client, Message
 from shardq.errors import InvalidArgument, QueueNotFound
+from tests.support.cli import run_shardq
 from tests.support.servers import ServerProcess, drain, stored_count
 
 DLQ = "orders-dlq"  # the server fixture's orders sends its dead letters here after 2 receives
@@ -63,13 +62,7 @@ def test_each_dead_letter_goes_back_to_its_own_queue_and_strays_stay(client: Cli
 def test_the_cli_redrives_to_the_source_queues_and_says_what_stayed(client: Client, server: ServerProcess) -> None:
     dead_letter(client, {"payments": [b"payment 1"]})
     assert client.send("orders-dlq", b"sent here directly").ok
-    done = subprocess.run(
-        [sys.executable, "-m", "shardq", "redrive", "--endpoint", server.endpoint, "--from", DLQ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_shardq(server.endpoint, "redrive", "--from", DLQ)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "moved 1"
     assert "warning: 1 message(s) of orders-dlq stayed there: they were not dead-lettered from a queue" in done.stderr
