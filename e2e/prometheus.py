@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from e2e.images import REPO_ROOT
 from e2e.polling import wait_for
 
 Manifest = dict[str, Any]
@@ -64,9 +65,9 @@ class _ConfigDumper(yaml.SafeDumper):
 # Every module that defines a series shardq exports (server, operator, and the TLS
 # expiry both export).
 METRIC_SOURCES = (
-    Path(__file__).resolve().parent.parent / "shard_server" / "metrics.py",
-    Path(__file__).resolve().parent.parent / "operator" / "shardq_operator" / "metrics.py",
-    Path(__file__).resolve().parent.parent / "shardq" / "metrics_http.py",
+    REPO_ROOT / "shard_server" / "metrics.py",
+    REPO_ROOT / "operator" / "shardq_operator" / "metrics.py",
+    REPO_ROOT / "shardq" / "metrics_http.py",
 )
 
 

@@ -144,7 +144,8 @@ def _first_beat_delay_s(message: ReceivedMessage, visibility_ms: int) -> float:
 async def _acknowledge(
     act: Callable[[list[str]], Awaitable[list[EntryResult]]], message: ReceivedMessage, what: str
 ) -> bool:
-    """Delete or release; a failure only means the message is delivered again later."""
+    """Delete, release or dead-letter; a failure only means the message is delivered again
+    later (a refused dead-letter is then released by the caller)."""
     try:
         (result,) = await act([message.receipt])
     except ShardqError as error:
@@ -152,24 +153,6 @@ async def _acknowledge(
         return False
     if not result.ok:
         log.warning("%s of %s refused: %s", what, message.message_id, result.reason)
-    return result.ok
-
-
-async def _dead_letter(stream: ConsumerStream, message: ReceivedMessage, reason: str) -> bool:
-    """Dead-letter a message its handler gave up on for good; False if that did not happen
-    (no dead-letter queue, the stream broke): the caller releases it as a failure."""
-    try:
-        (result,) = await stream.dead_letter([message.receipt], reason=reason)
-    except ShardqError as error:
-        log.warning("dead-lettering %s failed (%s); releasing it with backoff", message.message_id, error)
-        return False
-    if not result.ok:
-        log.warning(
-            "dead-lettering %s refused (%s: %s); releasing it with backoff",
-            message.message_id,
-            result.reason,
-            result.message,
-        )
     return result.ok
 
 
@@ -299,11 +282,16 @@ async def run_consumer(
                 # inner task, say): let through, it ended its worker silently (with the last
                 # one, run_consumer returned as if stopped) and left its message claimed.
                 failure = _describe_failure(error)
-                if isinstance(error, DeadLetter):
-                    _stop_beating(timer, beat)
-                    if await _dead_letter(stream, message, failure[:MAX_RELEASE_REASON_CHARS]):
-                        stats.dead_lettered += 1
-                        return
+                _stop_beating(timer, beat)
+                # The error goes with the message: its dead-letter copy will say it.
+                reason = failure[:MAX_RELEASE_REASON_CHARS]
+                # DeadLetter: to the dead-letter queue now; where that is refused (the queue
+                # has none), released as any failure, so the message is never lost.
+                if isinstance(error, DeadLetter) and await _acknowledge(
+                    functools.partial(stream.dead_letter, reason=reason), message, "dead-letter"
+                ):
+                    stats.dead_lettered += 1
+                    return
                 log.warning(
                     "handler failed for message %s (%s); releasing it with backoff",
                     message.message_id,
@@ -311,9 +299,6 @@ async def run_consumer(
                     exc_info=log.isEnabledFor(logging.DEBUG),
                 )
                 stats.failed += 1
-                _stop_beating(timer, beat)
-                # The error goes with the message: its dead-letter copy will say it.
-                reason = failure[:MAX_RELEASE_REASON_CHARS]
                 await _acknowledge(functools.partial(stream.release, reason=reason), message, "release")
             else:
                 _stop_beating(timer, beat)
