@@ -33,7 +33,7 @@ from shardq.giving_back import give_back_now
 from shardq.queues import MAX_RECEIVE_BATCH, MAX_RECEIVE_SHARES
 from shardq.receipts import MalformedReceipt, decode_receipt
 from shardq.receive_shares import split_shares
-from shardq.routing import choose_shard
+from shardq.routing import choose_shard, content_dedup_id
 from shardq.send_streams import SendStreams
 from shardq.status import (
     entry_results_from_proto,
@@ -210,8 +210,20 @@ class ProducerStream:
 class _QueueRoutes:
     shards: int
     fifo: bool
+    content_based_dedup: bool
     # Per shard, the leader's address ("" while unknown).
     leaders: list[str]
+
+
+def _with_content_dedup_ids(messages: Sequence[Message]) -> list[Message]:
+    """The messages, each sent without a dedup id given its body's (shardq.routing)."""
+    return [
+        dataclasses.replace(message, dedup_id=content_dedup_id(message.body))
+        # A body of the wrong type is left for _send_request to name.
+        if not message.dedup_id and isinstance(message.body, bytes)
+        else message
+        for message in messages
+    ]
 
 
 def _unsendable(messages: Sequence[Message]) -> InvalidArgument:
@@ -391,6 +403,7 @@ class AsyncClient:
         routes = _QueueRoutes(
             shards=description.config.shards or len(description.shards),
             fifo=description.config.fifo,
+            content_based_dedup=description.config.content_based_dedup,
             leaders=[route.leader_address for route in sorted(description.shards, key=lambda r: r.shard)],
         )
         self._routes[queue] = routes
@@ -544,6 +557,10 @@ class AsyncClient:
         routes = await self._routes_for(queue)
         if routes is None:
             return await self._send_to(queue, None, None, list(messages))
+        if routes.content_based_dedup:
+            # The server would give these ids; given here, each message goes straight to the
+            # shard they choose, and the send is safe to repeat when its outcome is unknown.
+            messages = _with_content_dedup_ids(messages)
         turn = next(self._round_robin)
         by_shard: dict[int, list[int]] = {}
         for position, message in enumerate(messages):

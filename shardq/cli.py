@@ -371,7 +371,8 @@ def main() -> None:
     "--line-dedup/--no-line-dedup",
     default=True,
     show_default=True,
-    help="with --file: give each line without a dedup_id one derived from the line, so a re-run is safe",
+    help="with --file: give each line without a dedup_id one derived from the line, so a re-run is safe "
+    "(default: on, unless the queue has content-based dedup)",
 )
 @click.option("--delay", type=DURATION, default=None)
 @click.option("--group", "group_id", default="")
@@ -422,6 +423,12 @@ def send(
                 click.echo(result.message_id + (" (duplicate)" if result.duplicate else ""))
             return
         assert file_ is not None
+        by_content = False
+        if line_dedup and line_dedup_given is not click.core.ParameterSource.COMMANDLINE:
+            # A queue with content-based dedup already makes a re-run safe, and a line's own
+            # id would keep two lines of one body apart, which the queue means to store once.
+            by_content = bool(client.queue_settings(queue)["content_based_dedup"])
+            line_dedup = not by_content
         sent = duplicates = 0
         from tqdm import tqdm
 
@@ -459,7 +466,7 @@ def send(
             again = (
                 "re-run the same command to send the rest: lines already stored are recognised by their "
                 "dedup ids (within the queue's dedup window)"
-                if line_dedup
+                if line_dedup or by_content
                 else "a batch in flight may have been stored too; re-running may store it twice"
             )
             click.echo(f"interrupted: {acknowledged} of {len(messages)} messages acknowledged; {again}", err=True)

@@ -47,6 +47,9 @@ class QueueConfig:
     max_message_bytes: int = 1 * MIB
     delivery_delay_ms: int = 0
     dedup_window_ms: int = 5 * 60_000
+    # A message sent without a dedup id gets one from its body (shardq.routing.content_dedup_id),
+    # as SQS's ContentBasedDeduplication: a repeat of a send needs no id of its own.
+    content_based_dedup: bool = False
     dead_letter_queue: str = ""
     max_receive_count: int = 0  # 0: never dead-letter
     max_depth: int = 0  # 0: unbounded
@@ -115,6 +118,10 @@ def validate_queue_config(config: QueueConfig) -> None:
         (0 <= config.visibility_timeout_ms <= config.retention_ms, "visibility timeout must be 0..retention"),
         (0 <= config.delivery_delay_ms <= config.retention_ms, "delivery delay must be 0..retention"),
         (0 <= config.dedup_window_ms <= config.retention_ms, "dedup window must be 0..retention"),
+        (
+            config.dedup_window_ms > 0 or not config.content_based_dedup,
+            "contentBasedDedup needs a dedup window (a dedupWindow of 0 remembers nothing to compare with)",
+        ),
         (1 <= config.max_message_bytes <= MAX_MESSAGE_BYTES_CEILING, "max message size must be 1B..16MiB"),
         (config.max_receive_count >= 0, "max receive count must be >= 0"),
         (config.max_depth >= 0, "max depth must be >= 0"),
@@ -153,6 +160,12 @@ _INT_FIELDS = {
     "maxreceivecount": "max_receive_count",
     "maxdepth": "max_depth",
 }
+_BOOL_FIELDS = {
+    "fifo": "fifo",
+    "contentbaseddedup": "content_based_dedup",
+    # SQS's attribute name, so a queue described as in SQS is read as meant.
+    "contentbaseddeduplication": "content_based_dedup",
+}
 # What a queue's settings are called, for error messages and docs.
 SETTING_NAMES = (
     "shards",
@@ -162,6 +175,7 @@ SETTING_NAMES = (
     "retention",
     "deliveryDelay",
     "dedupWindow",
+    "contentBasedDedup",
     "maxMessageBytes",
     "maxReceiveCount",
     "deadLetterQueue",
@@ -252,8 +266,8 @@ def queue_config_from_spec(name: str, spec: Mapping[str, Any]) -> QueueConfig:
             fields.set(_DURATION_FIELDS[normal], key, _parse_duration(key, value))
         elif normal in _INT_FIELDS:
             fields.set(_INT_FIELDS[normal], key, _parse_int(key, value))
-        elif normal == "fifo":
-            fields.set("fifo", key, _parse_bool(key, value))
+        elif normal in _BOOL_FIELDS:
+            fields.set(_BOOL_FIELDS[normal], key, _parse_bool(key, value))
         elif normal in ("deadletterqueue", "dlq"):
             fields.set("dead_letter_queue", key, str(value))
         elif normal == "redrivepolicy":
@@ -283,11 +297,13 @@ def _fields_set_by(key: str) -> set[str]:
         return {_DURATION_FIELDS[normal]}
     if normal in _INT_FIELDS:
         return {_INT_FIELDS[normal]}
+    if normal in _BOOL_FIELDS:
+        return {_BOOL_FIELDS[normal]}
     if normal in ("deadletterqueue", "dlq"):
         return {"dead_letter_queue"}
     if normal == "redrivepolicy":
         return {"dead_letter_queue", "max_receive_count"}
-    return {normal}  # fifo, name, or unknown (refused when parsed)
+    return {normal}  # name, or unknown (refused when parsed)
 
 
 def merged_spec(current: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:

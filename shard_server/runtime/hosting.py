@@ -26,7 +26,7 @@ from shard_server.domain import acknowledging, housekeeping, receiving, sending
 from shard_server.domain.context import ShardContext
 from shard_server.domain.messages import Delivery, MessageRecord, NewMessage
 from shard_server.domain.receiving import ClaimedMessage
-from shard_server.domain.routing import choose_shard
+from shard_server.domain.routing import choose_shard, give_content_dedup_ids
 from shard_server.domain.sending import SendOutcome
 from shard_server.runtime.committing import Work, WriterThreads, wall_clock_ms
 from shard_server.runtime.forwarding import LEADER_AWAY_REASONS, LeaderCalls, LeaderUnreachable, Router, shards_away
@@ -424,6 +424,10 @@ class HostedQueue:
                 "messages",
                 f"a batch of {len(messages)} can never fit queue {self.config.name!r} (its max depth is {max_depth})",
             )
+        if self.config.content_based_dedup and not forwarded and give_content_dedup_ids(messages):
+            # The ids choose the shard: a client that pinned these messages elsewhere did
+            # not know the queue dedups by content (its map predates the setting).
+            shard = None
         by_shard: dict[int, list[int]] = {}
         start = next(self._round_robin)
         keyed = self.config.fifo or any(message.dedup_id for message in messages)

@@ -153,6 +153,7 @@ def config_to_proto(config: QueueConfig) -> queue_pb2.QueueConfig:
         max_message_bytes=config.max_message_bytes,
         delivery_delay_ms=config.delivery_delay_ms,
         dedup_window_ms=config.dedup_window_ms,
+        content_based_dedup=config.content_based_dedup,
         dead_letter_queue=config.dead_letter_queue,
         max_receive_count=config.max_receive_count,
         max_depth=config.max_depth,

@@ -124,6 +124,7 @@ def test_an_unknown_setting_error_lists_every_valid_name_and_each_is_accepted() 
         assert name in str(raised.value)
     values = {
         "fifo": True,
+        "contentBasedDedup": True,
         "deadLetterQueue": "dlq",
         "maxReceiveCount": 3,
         "redrivePolicy": {"deadLetterQueue": "dlq", "maxReceiveCount": 3},
@@ -149,3 +150,20 @@ def test_duration_errors_are_shown_as_people_write_durations() -> None:
     with pytest.raises(InvalidArgument) as raised:
         validate_message(config, index=0, body=b"x", attributes={}, group_id="", dedup_id="", delay_ms=5 * 86_400_000)
     assert "must be 0s..4d (the retention period), got 5d" in str(raised.value)
+
+
+def test_content_based_dedup_is_read_by_its_name_and_by_sqs_name_and_needs_a_dedup_window() -> None:
+    assert not QueueConfig(name="orders").content_based_dedup
+    assert queue_config_from_spec("orders", {"contentBasedDedup": True}).content_based_dedup
+    assert queue_config_from_spec("orders", {"content_based_dedup": "true"}).content_based_dedup
+    assert queue_config_from_spec("orders", {"ContentBasedDeduplication": "true"}).content_based_dedup
+    with pytest.raises(ValueError, match="ContentBasedDeduplication and contentBasedDedup set the same setting"):
+        queue_config_from_spec("orders", {"contentBasedDedup": True, "ContentBasedDeduplication": False})
+    with pytest.raises(ValueError, match="contentBasedDedup: expected true or false, got 'sometimes'"):
+        queue_config_from_spec("orders", {"contentBasedDedup": "sometimes"})
+    with pytest.raises(ValueError, match="contentBasedDedup needs a dedup window"):
+        queue_config_from_spec("orders", {"contentBasedDedup": True, "dedupWindow": "0s"})
+    # Changed under its other name, the setting replaces the one it was created with.
+    merged = merged_spec({"contentBasedDedup": True}, {"ContentBasedDeduplication": False})
+    assert merged == {"ContentBasedDeduplication": False}
+    assert not queue_config_from_spec("orders", merged).content_based_dedup

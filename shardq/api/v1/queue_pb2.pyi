@@ -720,6 +720,7 @@ class QueueConfig(_message.Message):
     NACK_BACKOFF_MAX_MS_FIELD_NUMBER: _builtins.int
     JOURNAL_RETENTION_MS_FIELD_NUMBER: _builtins.int
     REPLICAS_FIELD_NUMBER: _builtins.int
+    CONTENT_BASED_DEDUP_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     shards: _builtins.int
     fifo: _builtins.bool
@@ -735,6 +736,10 @@ class QueueConfig(_message.Message):
     nack_backoff_max_ms: _builtins.int
     journal_retention_ms: _builtins.int
     replicas: _builtins.int
+    content_based_dedup: _builtins.bool
+    """A message sent without a dedup id is deduplicated by its body's SHA-256
+    ("sha256:<hex>", the dedup id it is then stored and received with).
+    """
     def __init__(
         self,
         *,
@@ -753,10 +758,11 @@ class QueueConfig(_message.Message):
         nack_backoff_max_ms: _builtins.int = ...,
         journal_retention_ms: _builtins.int = ...,
         replicas: _builtins.int = ...,
+        content_based_dedup: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dead_letter_queue", b"dead_letter_queue", "dedup_window_ms", b"dedup_window_ms", "delivery_delay_ms", b"delivery_delay_ms", "fifo", b"fifo", "journal_retention_ms", b"journal_retention_ms", "max_depth", b"max_depth", "max_message_bytes", b"max_message_bytes", "max_receive_count", b"max_receive_count", "nack_backoff_base_ms", b"nack_backoff_base_ms", "nack_backoff_max_ms", b"nack_backoff_max_ms", "name", b"name", "replicas", b"replicas", "retention_ms", b"retention_ms", "shards", b"shards", "visibility_timeout_ms", b"visibility_timeout_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_based_dedup", b"content_based_dedup", "dead_letter_queue", b"dead_letter_queue", "dedup_window_ms", b"dedup_window_ms", "delivery_delay_ms", b"delivery_delay_ms", "fifo", b"fifo", "journal_retention_ms", b"journal_retention_ms", "max_depth", b"max_depth", "max_message_bytes", b"max_message_bytes", "max_receive_count", b"max_receive_count", "nack_backoff_base_ms", b"nack_backoff_base_ms", "nack_backoff_max_ms", b"nack_backoff_max_ms", "name", b"name", "replicas", b"replicas", "retention_ms", b"retention_ms", "shards", b"shards", "visibility_timeout_ms", b"visibility_timeout_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
