@@ -685,12 +685,13 @@ class AsyncClient:
         group_id: str = "",
         dedup_id: str = "",
         delay_ms: int | None = None,
+        priority: int = 0,
     ) -> SendResult:
         """Send one message; concurrent calls are batched onto the producer stream.
 
         Raises the entry's error (e.g. QueueFull) if the message was not stored.
         """
-        message = Message(body, dict(attributes or {}), group_id, dedup_id, delay_ms)
+        message = Message(body, dict(attributes or {}), group_id, dedup_id, delay_ms, priority)
         result = await self._batcher(queue).add(message)
         if not result.ok:
             raise error_from_stream(

@@ -40,7 +40,7 @@ R = TypeVar("R")
 FILE_BATCH = 100
 # The keys a `send --file` line may have; any other is refused, so a typo ("dedupId")
 # is not silently dropped.
-FILE_LINE_KEYS = ("body", "body_base64", "attributes", "group_id", "dedup_id", "delay")
+FILE_LINE_KEYS = ("body", "body_base64", "attributes", "group_id", "dedup_id", "delay", "priority")
 # The field path of a whole-request refusal that one message of the batch caused.
 FIELD_OF_A_MESSAGE = re.compile(r"messages\[(\d+)\]")
 
@@ -234,6 +234,7 @@ def message_to_json(message: ReceivedMessage) -> dict[str, Any]:
         "group_id": message.group_id,
         "dedup_id": message.dedup_id,
         "shard": message.shard,
+        "priority": message.priority,
     }
 
 
@@ -291,7 +292,10 @@ def message_from_json_line(line: str, number: int) -> Message:
         raise click.ClickException(f"line {number}: attributes must map strings to strings")
     group_id = optional_string(data, "group_id", number)
     dedup_id = optional_string(data, "dedup_id", number)
-    return Message(body, attributes, group_id, dedup_id, delay_ms)
+    priority = data.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int) or priority < 0:
+        raise click.ClickException(f"line {number}: priority must be a whole number from 0, got {priority!r}")
+    return Message(body, attributes, group_id, dedup_id, delay_ms, priority)
 
 
 def refuse_unless_utf8(line: str, number: int) -> None:
@@ -364,7 +368,7 @@ def main() -> None:
     "--file",
     "file_",
     type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=pathlib.Path),
-    help="JSON lines (- for stdin): {body | body_base64, attributes, group_id, dedup_id, delay}; "
+    help="JSON lines (- for stdin): {body | body_base64, attributes, group_id, dedup_id, delay, priority}; "
     "null is the same as absent",
 )
 @click.option(
@@ -377,6 +381,12 @@ def main() -> None:
 @click.option("--delay", type=DURATION, default=None)
 @click.option("--group", "group_id", default="")
 @click.option("--dedup-id", default="")
+@click.option(
+    "--priority",
+    type=click.IntRange(min=0),
+    default=None,
+    help="its priority lane: 0 (default) to the queue's priorityLanes - 1, highest delivered first",
+)
 @click.option("--attr", "attrs", multiple=True, help="key=value, repeatable")
 @click.option("--json", "as_json", is_flag=True)
 @fail_cleanly
@@ -388,6 +398,7 @@ def send(
     delay: int | None,
     group_id: str,
     dedup_id: str,
+    priority: int | None,
     attrs: tuple[str, ...],
     as_json: bool,
     line_dedup: bool,
@@ -404,16 +415,17 @@ def send(
             "--attr": bool(attrs),
             "--group": bool(group_id),
             "--dedup-id": bool(dedup_id),
+            "--priority": priority is not None,
         }
         refused = [option for option, is_given in given.items() if is_given]
         if refused:
             raise click.UsageError(
                 f"{', '.join(refused)} cannot be used with --file: a --file line carries its own "
-                "delay, attributes, group_id and dedup_id"
+                "delay, attributes, group_id, dedup_id and priority"
             )
     with Client(endpoint) as client:
         if body is not None:
-            message = Message(body.encode(), parse_attributes(attrs), group_id, dedup_id, delay)
+            message = Message(body.encode(), parse_attributes(attrs), group_id, dedup_id, delay, priority or 0)
             (result,) = client.send_messages(queue, [message])
             if not result.ok:
                 raise click.ClickException(f"{result.error_reason}: {result.error_message}")

@@ -133,10 +133,17 @@ class Client:
         group_id: str = "",
         dedup_id: str = "",
         delay_ms: int | None = None,
+        priority: int = 0,
     ) -> SendResult:
         return self._run(
             self._async.send(
-                queue, body, attributes=attributes, group_id=group_id, dedup_id=dedup_id, delay_ms=delay_ms
+                queue,
+                body,
+                attributes=attributes,
+                group_id=group_id,
+                dedup_id=dedup_id,
+                delay_ms=delay_ms,
+                priority=priority,
             )
         )
 

@@ -14,6 +14,8 @@ def message_to_proto(message: Message) -> queue_pb2.MessageToSend:
     )
     if message.delay_ms is not None:
         proto.delay_ms = message.delay_ms
+    if message.priority:
+        proto.priority = message.priority
     return proto
 
 
@@ -39,6 +41,7 @@ def received_from_proto(response: queue_pb2.ReceiveMessagesResponse) -> list[Rec
             m.visible_until_ms,
             m.shard,
             m.seq,
+            m.priority,
         )
         for m in response.messages
     ]

@@ -32,6 +32,9 @@ MAX_ATTRIBUTES = 64
 MAX_ATTRIBUTE_KEY_CHARS = 256
 MAX_ATTRIBUTES_BYTES = 256 * KIB
 MAX_ID_CHARS = 128  # group ids and dedup ids
+# Priorities 0..9, as RabbitMQ advises for its priority queues (each lane is an index a
+# receive may look through; a delivery keeps its priority in four bits of its state byte).
+MAX_PRIORITY_LANES = 10
 MAX_WAIT_MS = 15 * 60_000
 QUEUE_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 
@@ -56,6 +59,9 @@ class QueueConfig:
     nack_backoff_base_ms: int = 1_000
     nack_backoff_max_ms: int = 5 * 60_000
     journal_retention_ms: int = DAY_MS
+    # 1: every message has priority 0. More: a message chooses 0..priority_lanes - 1, and a
+    # shard delivers its eligible messages highest lane first.
+    priority_lanes: int = 1
 
     def __post_init__(self) -> None:
         validate_queue_config(self)
@@ -127,6 +133,11 @@ def validate_queue_config(config: QueueConfig) -> None:
         (config.max_depth >= 0, "max depth must be >= 0"),
         (0 < config.nack_backoff_base_ms <= config.nack_backoff_max_ms, "nack backoff must be 0 < base <= max"),
         (0 <= config.journal_retention_ms <= MAX_RETENTION_MS, "journal retention must be 0..366d"),
+        (1 <= config.priority_lanes <= MAX_PRIORITY_LANES, f"priority lanes must be 1..{MAX_PRIORITY_LANES}"),
+        (
+            config.priority_lanes == 1 or not config.fifo,
+            "a FIFO queue has no priority lanes: it delivers each group in send order",
+        ),
         (config.dead_letter_queue != config.name, "a queue cannot be its own dead-letter queue"),
         (
             bool(config.dead_letter_queue) == (config.max_receive_count > 0),
@@ -159,6 +170,7 @@ _INT_FIELDS = {
     "maxmessagesize": "max_message_bytes",
     "maxreceivecount": "max_receive_count",
     "maxdepth": "max_depth",
+    "prioritylanes": "priority_lanes",
 }
 _BOOL_FIELDS = {
     "fifo": "fifo",
@@ -184,6 +196,7 @@ SETTING_NAMES = (
     "nackBackoffBase",
     "nackBackoffMax",
     "journalRetention",
+    "priorityLanes",
 )
 
 

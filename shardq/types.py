@@ -13,6 +13,8 @@ class Message:
     dedup_id: str = ""
     # None: the queue's delivery delay.
     delay_ms: int | None = None
+    # Its priority lane: 0 (the default) to the queue's priorityLanes - 1, highest first.
+    priority: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -44,6 +46,7 @@ class ReceivedMessage:
     visible_until_ms: int
     shard: int
     seq: int
+    priority: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -64,6 +64,8 @@ class Delivery:
     # Why the message was last released (nack), if the releaser said: carried to
     # its dead-letter copy, so a job queue's last error is not lost.
     last_error: str = ""
+    # Its priority lane (0 unless the queue has lanes): fixed at its send.
+    priority: int = 0
 
     @property
     def indexed(self) -> bool:
@@ -81,6 +83,7 @@ class NewMessage:
     dedup_id: str
     delay_ms: int
     source_queue: str = ""
+    priority: int = 0
 
 
 def format_message_id(*, sent_at_ms: int, shard: int, seq: int) -> str:

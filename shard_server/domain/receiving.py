@@ -8,6 +8,7 @@ delete or extend it (invariants 1 and 2).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 
 from shard_server.domain.context import ShardContext, commit_event
 from shard_server.domain.events import ChangeKind, DeliveryChanged
@@ -78,7 +79,8 @@ def receive_messages(
     max_bytes: int | None = None,
     strict_bytes: bool = False,
 ) -> ReceiveOutcome:
-    """Claim up to max_messages eligible messages, oldest deadline first.
+    """Claim up to max_messages eligible messages, oldest deadline first; on a queue with
+    priority lanes, the higher lanes' first (then the rest, lane 0's among them).
 
     `max_bytes` bounds what the claimed messages weigh together, so they fit
     one response; the first message is claimed whatever its size, unless
@@ -88,49 +90,57 @@ def receive_messages(
     claimed_bytes = 0
     dead_lettered = 0
     seen: set[int] = set()
-    after: tuple[int, int] | None = None
     max_receives = context.config.max_receive_count
-    while len(claimed) < max_messages:
-        wanted = max_messages - len(claimed)
-        candidates = store.eligible(now_ms, after=after, limit=wanted)
-        if not candidates:
-            break
-        for key in candidates:
-            after = key
-            seq = key[1]
-            if seq in seen:
-                continue  # a zero visibility timeout makes a fresh claim eligible at once
-            seen.add(seq)
-            delivery = store.get_delivery(seq)
-            if delivery is None:
-                continue
-            if max_receives and delivery.receive_count >= max_receives:
-                dead = dataclasses.replace(delivery, state=next_state(delivery.state, Action.DEAD_LETTER))
-                event = DeliveryChanged(ChangeKind.DEAD_LETTERED, dead, DEAD_LETTER_REASON_MAX_RECEIVES)
+    # The priority index holds only messages above lane 0, which the index holds too: those
+    # claimed or dead-lettered from it are `seen` when the index comes to them.
+    scans: tuple[Callable[..., Sequence[tuple[int, ...]]], ...] = (
+        (store.eligible_by_priority, store.eligible) if context.config.priority_lanes > 1 else (store.eligible,)
+    )
+    for scan in scans:
+        after: tuple[int, ...] | None = None
+        while len(claimed) < max_messages:
+            wanted = max_messages - len(claimed)
+            candidates = scan(now_ms, after=after, limit=wanted)
+            if not candidates:
+                break
+            for key in candidates:
+                after = key
+                seq = key[-1]
+                if seq in seen:
+                    continue  # a zero visibility timeout makes a fresh claim eligible at once
+                seen.add(seq)
+                delivery = store.get_delivery(seq)
+                if delivery is None:
+                    continue
+                if max_receives and delivery.receive_count >= max_receives:
+                    dead = dataclasses.replace(delivery, state=next_state(delivery.state, Action.DEAD_LETTER))
+                    event = DeliveryChanged(ChangeKind.DEAD_LETTERED, dead, DEAD_LETTER_REASON_MAX_RECEIVES)
+                    commit_event(store, context, event, now_ms=now_ms, current=delivery)
+                    dead_lettered += 1
+                    continue
+                record = store.get_record(seq)
+                if record is None:
+                    continue
+                size = message_size(record)
+                if max_bytes is not None and (claimed or strict_bytes) and claimed_bytes + size > max_bytes:
+                    return ReceiveOutcome(claimed, dead_lettered, claimed_bytes)  # full: it waits for the next receive
+                claimed_bytes += size
+                # Built directly rather than with dataclasses.replace: this is the hot path.
+                claim = Delivery(
+                    seq,
+                    next_state(delivery.state, _CLAIM),
+                    delivery.sent_at_ms,
+                    now_ms + visibility_timeout_ms,
+                    delivery.receive_count + 1,
+                    delivery.first_received_at_ms or now_ms,
+                    now_ms,
+                    context.epoch,
+                    delivery.claim_token + 1,
+                    "",  # a new delivery: the last release's reason was the previous one's
+                    delivery.priority,
+                )
+                event = DeliveryChanged(_RECEIVED, claim)
                 commit_event(store, context, event, now_ms=now_ms, current=delivery)
-                dead_lettered += 1
-                continue
-            record = store.get_record(seq)
-            if record is None:
-                continue
-            size = message_size(record)
-            if max_bytes is not None and (claimed or strict_bytes) and claimed_bytes + size > max_bytes:
-                return ReceiveOutcome(claimed, dead_lettered, claimed_bytes)  # full: it waits for the next receive
-            claimed_bytes += size
-            # Built directly rather than with dataclasses.replace: this is the hot path.
-            claim = Delivery(
-                seq,
-                next_state(delivery.state, _CLAIM),
-                delivery.sent_at_ms,
-                now_ms + visibility_timeout_ms,
-                delivery.receive_count + 1,
-                delivery.first_received_at_ms or now_ms,
-                now_ms,
-                context.epoch,
-                delivery.claim_token + 1,
-            )
-            event = DeliveryChanged(_RECEIVED, claim)
-            commit_event(store, context, event, now_ms=now_ms, current=delivery)
-            receipt = Receipt(context.fingerprint, context.shard, seq, context.epoch, claim.claim_token)
-            claimed.append(ClaimedMessage(record, claim, receipt))
+                receipt = Receipt(context.fingerprint, context.shard, seq, context.epoch, claim.claim_token)
+                claimed.append(ClaimedMessage(record, claim, receipt))
     return ReceiveOutcome(claimed, dead_lettered, claimed_bytes)

@@ -80,6 +80,7 @@ def send_messages(
             sent_at_ms=now_ms,
             visible_at_ms=now_ms + message.delay_ms,
             claim_token=first_token,
+            priority=message.priority,
         )
         expires = now_ms + window if message.dedup_id and window else 0
         commit_event(store, context, Sent(record, delivery, expires), now_ms=now_ms)

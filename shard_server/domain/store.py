@@ -24,6 +24,14 @@ class ShardStore(Protocol):
         ascending, strictly after `after`."""
         ...
 
+    def eligible_by_priority(
+        self, now_ms: int, *, after: tuple[int, int, int] | None, limit: int
+    ) -> list[tuple[int, int, int]]:
+        """Up to `limit` (255 - priority, visible_at_ms, seq) keys of indexed messages of a
+        priority above 0 with visible_at_ms <= now_ms, ascending (highest lane first, then
+        as `eligible` orders them), strictly after `after`."""
+        ...
+
     def oldest_messages(self, *, after_seq: int, limit: int) -> list[tuple[int, int]]:
         """Up to `limit` (seq, sent_at_ms) in seq order, seq > after_seq."""
         ...

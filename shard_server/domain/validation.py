@@ -39,6 +39,7 @@ def _message_problem(
     group_id: str,
     dedup_id: str,
     delay: int,
+    priority: int,
     *,
     reserved_allowed: bool = False,
 ) -> tuple[str, str] | None:
@@ -66,6 +67,11 @@ def _message_problem(
         return "group_id", "required on a FIFO queue"
     if not 0 <= delay <= config.retention_ms:
         return "delay_ms", f"must be 0s..{_shown(config.retention_ms)} (the retention period), got {_shown(delay)}"
+    if priority and priority >= config.priority_lanes:
+        lanes = config.priority_lanes
+        if lanes == 1:
+            return "priority", f"queue {config.name!r} has no priority lanes (priorityLanes 1): give 0, got {priority}"
+        return "priority", f"must be 0..{lanes - 1} (queue {config.name!r} has {lanes} priority lanes), got {priority}"
     return None
 
 
@@ -78,6 +84,7 @@ def validate_message(
     group_id: str,
     dedup_id: str,
     delay_ms: int | None,
+    priority: int = 0,
     reserved_allowed: bool = False,
 ) -> NewMessage:
     """Check one message of a send batch; `index` names it in the error.
@@ -85,10 +92,12 @@ def validate_message(
     `reserved_allowed`: a batch forwarded by another server may carry reserved attributes
     (a dead letter it moves to a DLQ led here); that server refused them from its clients."""
     delay = config.delivery_delay_ms if delay_ms is None else delay_ms
-    problem = _message_problem(config, body, attributes, group_id, dedup_id, delay, reserved_allowed=reserved_allowed)
+    problem = _message_problem(
+        config, body, attributes, group_id, dedup_id, delay, priority, reserved_allowed=reserved_allowed
+    )
     if problem is not None:
         raise InvalidArgument(f"messages[{index}].{problem[0]}", problem[1])
-    return NewMessage(body, dict(attributes) if attributes else {}, group_id, dedup_id, delay)
+    return NewMessage(body, dict(attributes) if attributes else {}, group_id, dedup_id, delay, "", priority)
 
 
 def validate_batch_size(field: str, count: int, limit: int) -> None:

@@ -39,12 +39,20 @@ REDRIVE_CLAIM_MS = 60_000
 
 
 def build_moved_copy(
-    *, body: bytes, attributes: dict[str, str], group_id: str, dedup_id: str, source: str, target: QueueConfig
+    *,
+    body: bytes,
+    attributes: dict[str, str],
+    group_id: str,
+    dedup_id: str,
+    source: str,
+    target: QueueConfig,
+    priority: int,
 ) -> NewMessage:
     """A message moved to another queue (dead-lettering, redrive): visible at once,
     remembering where it came from, deduplicated by an id derived from the original
-    so a retried move never makes two copies, and grouped by its source queue when
-    the target is FIFO and the message had no group."""
+    so a retried move never makes two copies, grouped by its source queue when
+    the target is FIFO and the message had no group, and in its priority lane (or
+    the target's highest, when the target has fewer lanes)."""
     return NewMessage(
         body=body,
         attributes=attributes,
@@ -52,12 +60,16 @@ def build_moved_copy(
         dedup_id=dedup_id,
         delay_ms=0,
         source_queue=source,
+        priority=min(priority, target.priority_lanes - 1),
     )
 
 
 DEAD_LETTER_SOURCE_ATTRIBUTE = "shardq.dead_letter.source_queue"
 DEAD_LETTER_REASON_ATTRIBUTE = "shardq.dead_letter.reason"
 LAST_ERROR_ATTRIBUTE = "shardq.dead_letter.last_error"
+# The priority a dead letter had in its queue, so a redrive through a DLQ of fewer lanes
+# (or none) brings it back in its own lane.
+PRIORITY_ATTRIBUTE = "shardq.dead_letter.priority"
 
 
 def dead_letter_attributes(source: QueueConfig, delivery: Delivery | None) -> dict[str, str]:
@@ -72,6 +84,8 @@ def dead_letter_attributes(source: QueueConfig, delivery: Delivery | None) -> di
     attributes = {DEAD_LETTER_SOURCE_ATTRIBUTE: source.name, DEAD_LETTER_REASON_ATTRIBUTE: why}
     if delivery is not None and delivery.last_error:
         attributes[LAST_ERROR_ATTRIBUTE] = delivery.last_error
+    if delivery is not None and delivery.priority:
+        attributes[PRIORITY_ATTRIBUTE] = str(delivery.priority)
     return attributes
 
 
@@ -169,6 +183,7 @@ async def _move_shard_dead_letters(queue: HostedQueue, shard: HostedShard, targe
                 dedup_id="dlq:" + format_message_id(sent_at_ms=record.sent_at_ms, shard=shard.index, seq=record.seq),
                 source=queue.config.name,
                 target=target.config,
+                priority=delivery.priority if delivery is not None else 0,
             )
             for record, delivery in present
         ]
@@ -214,6 +229,14 @@ class _Taken:
     group_id: str
     message_id: str
     receipt: str
+    # Its lane in the queue it was dead-lettered from, else in the DLQ.
+    priority: int
+
+
+def _priority_before(attributes: Mapping[str, str], priority: int) -> int:
+    """The priority a dead letter had in its own queue (PRIORITY_ATTRIBUTE), else `priority`."""
+    noted = attributes.get(PRIORITY_ATTRIBUTE, "")
+    return int(noted) if noted.isdigit() else priority
 
 
 @dataclasses.dataclass(slots=True)
@@ -289,9 +312,20 @@ async def _claim_in_turn(queue: HostedQueue, shards: list[int], *, max_messages:
                     sent_at_ms=message.record.sent_at_ms, shard=shard.index, seq=message.record.seq
                 ),
                 receipt=encode_receipt(message.receipt),
+                priority=_priority_before(message.record.attributes, message.delivery.priority),
             )
             for shard, message in claimed.local
-        ] + [_Taken(m.body, dict(m.attributes), m.group_id, m.message_id, m.receipt) for m in claimed.remote]
+        ] + [
+            _Taken(
+                m.body,
+                dict(m.attributes),
+                m.group_id,
+                m.message_id,
+                m.receipt,
+                _priority_before(m.attributes, m.priority),
+            )
+            for m in claimed.remote
+        ]
     return found
 
 
@@ -431,6 +465,7 @@ async def redrive(
                         dedup_id=f"redrive:{source}:{taken.message_id}",
                         source=source,
                         target=to_queue.config,
+                        priority=taken.priority,
                     )
                     for taken in going
                 ]

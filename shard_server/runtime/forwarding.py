@@ -174,7 +174,12 @@ class LeaderCalls:
             shard=shard,
             messages=[
                 queue_pb2.MessageToSend(
-                    body=m.body, attributes=m.attributes, group_id=m.group_id, dedup_id=m.dedup_id, delay_ms=m.delay_ms
+                    body=m.body,
+                    attributes=m.attributes,
+                    group_id=m.group_id,
+                    dedup_id=m.dedup_id,
+                    delay_ms=m.delay_ms,
+                    priority=m.priority,
                 )
                 for m in batch
             ],

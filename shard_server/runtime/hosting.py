@@ -721,10 +721,11 @@ class HostedQueue:
 
             def look(hosted: HostedShard = hosted) -> list[tuple[int, MessageRecord, Delivery]]:
                 with hosted.environment.read() as tx:
-                    pairs = [
-                        (tx.get_record(seq), tx.get_delivery(seq))
-                        for _, seq in tx.eligible(now, after=None, limit=max_messages)
-                    ]
+                    # In the order a receive would claim them: the higher lanes' first.
+                    seqs = [key[-1] for key in tx.eligible_by_priority(now, after=None, limit=max_messages)]
+                    first = set(seqs)
+                    seqs += [seq for _, seq in tx.eligible(now, after=None, limit=max_messages) if seq not in first]
+                    pairs = [(tx.get_record(seq), tx.get_delivery(seq)) for seq in seqs[:max_messages]]
                 return [(hosted.index, r, d) for r, d in pairs if r is not None and d is not None]
 
             # On the writer thread, after the batches already queued: a receive answered

@@ -34,6 +34,7 @@ def messages_from_proto(
             group_id=message.group_id,
             dedup_id=message.dedup_id,
             delay_ms=message.delay_ms if message.HasField("delay_ms") else None,
+            priority=message.priority,
             reserved_allowed=forwarded,
         )
         for index, message in enumerate(messages)
@@ -104,6 +105,8 @@ def received_frames(
             added.group_id = record.group_id
         if record.dedup_id:
             added.dedup_id = record.dedup_id
+        if delivery.priority:
+            added.priority = delivery.priority
     for forwarded in received.remote:  # claimed by another leader for this call
         if len(batch.messages) >= max_batch:
             frames.append(frame)
@@ -161,14 +164,15 @@ def config_to_proto(config: QueueConfig) -> queue_pb2.QueueConfig:
         nack_backoff_max_ms=config.nack_backoff_max_ms,
         journal_retention_ms=config.journal_retention_ms,
         replicas=config.replicas,
+        priority_lanes=config.priority_lanes,
     )
 
 
 def peeked_to_proto(peeked: Peeked, *, max_messages: int) -> queue_pb2.ReceiveMessagesResponse:
-    """The oldest `max_messages` of what every leader showed."""
+    """The first `max_messages` of what every leader showed: highest priority, then oldest."""
     messages = [_peeked(shard, record, delivery) for shard, record, delivery in peeked.local]
     messages += peeked.remote
-    messages.sort(key=lambda message: message.sent_at_ms)
+    messages.sort(key=lambda message: (-message.priority, message.sent_at_ms))
     return queue_pb2.ReceiveMessagesResponse(messages=messages[:max_messages])
 
 
@@ -185,4 +189,5 @@ def _peeked(shard: int, record: MessageRecord, delivery: Delivery) -> queue_pb2.
         first_received_at_ms=delivery.first_received_at_ms,
         shard=shard,
         seq=record.seq,
+        priority=delivery.priority,
     )

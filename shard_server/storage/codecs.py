@@ -20,6 +20,7 @@ from shard_server.domain.events import (
     Sent,
 )
 from shard_server.domain.messages import Delivery, DeliveryState, MessageRecord
+from shardq.queues import MAX_PRIORITY_LANES
 
 _RECORD_HEAD = struct.Struct(">QqHHHHI")  # seq, sent_at, len group, dedup, source, n attrs, body len
 _ATTRIBUTE_HEAD = struct.Struct(">HI")
@@ -47,6 +48,12 @@ class CorruptEntry(ValueError):
 # DeliveryState by its stored number.
 _STATES = tuple(sorted(DeliveryState, key=int))
 assert [int(state) for state in _STATES] == list(range(len(_STATES)))
+# A delivery's state byte holds its state in the low four bits and its priority lane in
+# the high four: a message of lane 0 (every message of a queue without lanes, and every
+# one stored before lanes existed) is encoded as it always was.
+_STATE_BITS = 0x0F
+_PRIORITY_SHIFT = 4
+assert len(_STATES) <= _STATE_BITS + 1
 
 
 def encode_record(record: MessageRecord) -> bytes:
@@ -110,7 +117,7 @@ def decode_record(data: bytes | memoryview) -> MessageRecord:
 
 def encode_delivery(delivery: Delivery) -> bytes:
     fixed = _DELIVERY.pack(
-        delivery.state,
+        delivery.state | delivery.priority << _PRIORITY_SHIFT,
         delivery.receive_count,
         delivery.sent_at_ms,
         delivery.visible_at_ms,
@@ -125,13 +132,19 @@ def encode_delivery(delivery: Delivery) -> bytes:
 
 
 def decode_delivery(seq: int, data: bytes | memoryview) -> Delivery:
-    state, count, sent_at, visible_at, first, last, epoch, token = _DELIVERY.unpack_from(data)
+    state_byte, count, sent_at, visible_at, first, last, epoch, token = _DELIVERY.unpack_from(data)
+    state = state_byte & _STATE_BITS
     try:
         known = _STATES[state]  # a tuple lookup: DeliveryState(state) costs 5x more
     except IndexError:
         raise CorruptEntry(f"message {seq}: unknown delivery state {state}") from None
+    priority = state_byte >> _PRIORITY_SHIFT
+    if priority >= MAX_PRIORITY_LANES:
+        raise CorruptEntry(f"message {seq}: priority {priority} is above every queue's lanes")
     last_error = bytes(data[_DELIVERY.size :]).decode() if len(data) > _DELIVERY.size else ""
-    return Delivery(seq, known, sent_at, visible_at, count, first, last, epoch, token, last_error)
+    return Delivery(
+        seq, known, sent_at, visible_at, count, first, last, epoch, token, last_error, state_byte >> _PRIORITY_SHIFT
+    )
 
 
 def encode_sent(event: Sent, record: bytes, delivery: bytes) -> bytes:

@@ -10,12 +10,16 @@ import struct
 
 U64 = struct.Struct(">Q")
 PAIR = struct.Struct(">QQ")
+LANE_TRIPLE = struct.Struct(">BQQ")
 
 # Named databases of one shard environment.
 DB_MESSAGES = b"messages"  # seq -> MessageRecord
 DB_DELIVERY = b"delivery"  # seq -> Delivery
 DB_INDEX = b"index"  # (visible_at_ms, seq) -> b""   READY and CLAIMED messages
 DB_DEAD_LETTERS = b"dead_letters"  # seq -> b""      DEAD_LETTER_PENDING messages
+# (255 - priority, visible_at_ms, seq) -> b"": the DB_INDEX entries of messages of a
+# priority above 0 again, highest lane first (a queue without lanes leaves it empty).
+DB_PRIORITY_INDEX = b"priority_index"
 DB_DEDUP = b"dedup"  # dedup id -> (seq, sent_at_ms, expires_at_ms)
 DB_DEDUP_EXPIRY = b"dedup_expiry"  # (expires_at_ms, dedup id) -> b""
 DB_GROUPS = b"groups"  # group id, NUL, seq -> b""
@@ -25,6 +29,7 @@ ALL_DBS = (
     DB_MESSAGES,
     DB_DELIVERY,
     DB_INDEX,
+    DB_PRIORITY_INDEX,
     DB_DEAD_LETTERS,
     DB_DEDUP,
     DB_DEDUP_EXPIRY,
@@ -58,6 +63,16 @@ def index_key(visible_at_ms: int, seq: int) -> bytes:
 def parse_index_key(key: bytes | memoryview) -> tuple[int, int]:
     visible_at, seq = PAIR.unpack(key)
     return visible_at, seq
+
+
+def priority_index_key(priority: int, visible_at_ms: int, seq: int) -> bytes:
+    return LANE_TRIPLE.pack(255 - priority, visible_at_ms, seq)
+
+
+def parse_priority_index_key(key: bytes | memoryview) -> tuple[int, int, int]:
+    """(255 - priority, visible_at_ms, seq): ordered as the index orders them."""
+    lane, visible_at, seq = LANE_TRIPLE.unpack(key)
+    return lane, visible_at, seq
 
 
 def dedup_expiry_key(expires_at_ms: int, dedup_id: str) -> bytes:

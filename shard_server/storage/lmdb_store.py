@@ -377,6 +377,7 @@ class LmdbShardTransaction:
         self._messages = dbs[keys.DB_MESSAGES]
         self._delivery = dbs[keys.DB_DELIVERY]
         self._index = dbs[keys.DB_INDEX]
+        self._priority_index = dbs[keys.DB_PRIORITY_INDEX]
         self._dead = dbs[keys.DB_DEAD_LETTERS]
         self._dedup = dbs[keys.DB_DEDUP]
         self._dedup_expiry = dbs[keys.DB_DEDUP_EXPIRY]
@@ -417,6 +418,25 @@ class LmdbShardTransaction:
             key = keys.parse_index_key(cursor.key())
             if key[0] > now_ms:
                 break
+            found.append(key)
+            positioned = cursor.next()
+        return found
+
+    def eligible_by_priority(
+        self, now_ms: int, *, after: tuple[int, int, int] | None, limit: int
+    ) -> list[tuple[int, int, int]]:
+        cursor = self.txn.cursor(db=self._priority_index)
+        found: list[tuple[int, int, int]] = []
+        if after is None:
+            positioned = cursor.first()
+        else:
+            positioned = cursor.set_range(keys.LANE_TRIPLE.pack(after[0], after[1], after[2] + 1))
+        while positioned and len(found) < limit:
+            key = keys.parse_priority_index_key(cursor.key())
+            if key[1] > now_ms:
+                # The rest of this lane waits too: on to the next lane down.
+                positioned = key[0] < 255 and cursor.set_range(keys.LANE_TRIPLE.pack(key[0] + 1, 0, 0))
+                continue
             found.append(key)
             positioned = cursor.next()
         return found
@@ -528,7 +548,10 @@ class LmdbShardTransaction:
         oldest = first[0][1] if first else 0
         used = sum(
             (stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]) * stat["psize"]
-            for stat in (self.txn.stat(db) for db in (self._messages, self._delivery, self._index, self._log))
+            for stat in (
+                self.txn.stat(db)
+                for db in (self._messages, self._delivery, self._index, self._priority_index, self._log)
+            )
         )
         return ShardStats(
             messages=messages,
@@ -556,6 +579,9 @@ class LmdbShardTransaction:
     def _unlink(self, delivery: Delivery) -> None:
         if delivery.indexed:
             self.txn.delete(keys.index_key(delivery.visible_at_ms, delivery.seq), b"", self._index)
+            if delivery.priority:
+                key = keys.priority_index_key(delivery.priority, delivery.visible_at_ms, delivery.seq)
+                self.txn.delete(key, b"", self._priority_index)
         elif delivery.state == _DEAD_LETTER_PENDING:
             self.txn.delete(keys.seq_key(delivery.seq), b"", self._dead)
 
@@ -572,6 +598,9 @@ class LmdbShardTransaction:
         if delivery.indexed:
             marker = _INDEX_CLAIMED if delivery.state == _CLAIMED else _INDEX_READY
             self.txn.put(keys.index_key(delivery.visible_at_ms, delivery.seq), marker, False, True, False, self._index)
+            if delivery.priority:
+                key = keys.priority_index_key(delivery.priority, delivery.visible_at_ms, delivery.seq)
+                self.txn.put(key, marker, False, True, False, self._priority_index)
         elif delivery.state == _DEAD_LETTER_PENDING:
             self.txn.put(seq, b"", False, True, False, self._dead)
 
@@ -615,7 +644,7 @@ class LmdbShardTransaction:
 
     def clear_messages(self) -> None:
         # Dedup entries survive a purge, as SQS's do.
-        for db in (self._messages, self._delivery, self._index, self._dead, self._groups):
+        for db in (self._messages, self._delivery, self._index, self._priority_index, self._dead, self._groups):
             self.txn.drop(db, delete=False)
 
     def record_event(self, event: Event) -> None:

@@ -35,6 +35,18 @@ class MemoryShardStore:
             found.append(key)
         return found
 
+    def eligible_by_priority(
+        self, now_ms: int, *, after: tuple[int, int, int] | None, limit: int
+    ) -> list[tuple[int, int, int]]:
+        # Built from the deliveries themselves: the reference for the LMDB store's own index.
+        keys = sorted(
+            (255 - delivery.priority, delivery.visible_at_ms, seq)
+            for seq, delivery in self.deliveries.items()
+            if delivery.indexed and delivery.priority and delivery.visible_at_ms <= now_ms
+        )
+        start = 0 if after is None else bisect.bisect_right(keys, after)
+        return keys[start : start + limit]
+
     def oldest_messages(self, *, after_seq: int, limit: int) -> list[tuple[int, int]]:
         seqs = sorted(seq for seq in self.deliveries if seq > after_seq)[:limit]
         return [(seq, self.deliveries[seq].sent_at_ms) for seq in seqs]

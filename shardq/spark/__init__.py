@@ -102,7 +102,8 @@ Writing (`df.write.format("shardq").mode("append")`)
 ----------------------------------------------------
 Columns: ``body`` (binary or string, required), ``attributes``
 (map<string,string>), ``group_id`` (string, FIFO queues), ``dedup_id``
-(string), ``delay_ms`` (bigint). Options: ``endpoint``, ``queue``,
+(string), ``delay_ms`` (bigint), ``priority`` (int, on a queue with priority
+lanes). Options: ``endpoint``, ``queue``,
 ``batchSize`` (messages per SendMessages, default 100), ``writeId``,
 ``queueFullPatienceSeconds`` (default 60). Rows without a ``dedup_id`` get
 one derived from (``writeId``, partition id, row index), so a retried task's

@@ -53,6 +53,7 @@ WRITE_COLUMNS: dict[str, tuple[DataType, ...]] = {
     "group_id": (StringType(),),
     "dedup_id": (StringType(),),
     "delay_ms": (LongType(), IntegerType()),
+    "priority": (IntegerType(), LongType()),
 }
 
 
@@ -86,6 +87,7 @@ def build_messages(batch: pa.RecordBatch, *, write_id: str, partition_id: int, f
     group_ids: list[str | None] = columns.get("group_id", [None] * count)
     dedup_ids: list[str | None] = columns.get("dedup_id", [None] * count)
     delays: list[int | None] = columns.get("delay_ms", [None] * count)
+    priorities: list[int | None] = columns.get("priority", [None] * count)
     messages = []
     for offset in range(count):
         body = bodies[offset]
@@ -101,6 +103,7 @@ def build_messages(batch: pa.RecordBatch, *, write_id: str, partition_id: int, f
                 group_id=group_ids[offset] or "",
                 dedup_id=dedup_id,
                 delay_ms=delays[offset],
+                priority=priorities[offset] or 0,
             )
         )
     return messages

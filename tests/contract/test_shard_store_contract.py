@@ -18,9 +18,11 @@ from shard_server.storage.lmdb_store import ShardEnvironment
 from shard_server.storage.memory import MemoryShardStore
 
 
-def sent(seq: int, *, at: int = 1000, delay: int = 0, group: str = "", dedup: str = "", window: int = 0) -> Sent:
+def sent(
+    seq: int, *, at: int = 1000, delay: int = 0, group: str = "", dedup: str = "", window: int = 0, priority: int = 0
+) -> Sent:
     record = MessageRecord(seq, at, f"body-{seq}".encode(), {"k": str(seq)}, group, dedup)
-    delivery = Delivery(seq, DeliveryState.READY, at, at + delay)
+    delivery = Delivery(seq, DeliveryState.READY, at, at + delay, priority=priority)
     return Sent(record, delivery, at + window if dedup and window else 0)
 
 
@@ -45,6 +47,32 @@ class StoreContract:
             apply_event(store, sent(seq, delay=delay), fifo=False, now_ms=1000)
         assert store.eligible(2000, after=None, limit=10) == [(1010, 2), (1020, 3), (1030, 1)]
         assert store.eligible(2000, after=(1010, 2), limit=1) == [(1020, 3)]
+
+    def test_messages_above_lane_0_are_eligible_by_priority_highest_lane_first(self, store: ShardStore) -> None:
+        for seq, delay, priority in ((1, 0, 0), (2, 30, 2), (3, 10, 1), (4, 0, 2), (5, 900, 2), (6, 20, 1)):
+            apply_event(store, sent(seq, delay=delay, priority=priority), fifo=False, now_ms=1000)
+        # Lane 2's message 5 waits: the scan goes on to lane 1 rather than stopping there.
+        assert store.eligible_by_priority(1100, after=None, limit=10) == [
+            (253, 1000, 4),
+            (253, 1030, 2),
+            (254, 1010, 3),
+            (254, 1020, 6),
+        ]
+        assert store.eligible_by_priority(1100, after=(253, 1030, 2), limit=1) == [(254, 1010, 3)]
+        assert store.eligible_by_priority(1015, after=None, limit=10) == [(253, 1000, 4), (254, 1010, 3)]
+        # Every message is in the index as before, lane 0's among them.
+        assert [seq for _, seq in store.eligible(1100, after=None, limit=10)] == [1, 4, 3, 6, 2]
+        # A claim moves a message's priority key with its index key; a delete removes both.
+        delivery = store.get_delivery(4)
+        assert delivery is not None
+        claimed = Delivery(4, DeliveryState.CLAIMED, 1000, 5000, 1, 1000, 1000, 1, 1, priority=2)
+        apply_event(store, DeliveryChanged(ChangeKind.RECEIVED, claimed), fifo=False, now_ms=1000)
+        assert [key[-1] for key in store.eligible_by_priority(1100, after=None, limit=10)] == [2, 3, 6]
+        assert store.eligible_by_priority(5000, after=None, limit=1) == [(253, 1030, 2)]
+        apply_event(store, Removed(RemovalKind.DELETED, 2, 1000), fifo=False, now_ms=1000)
+        assert [key[-1] for key in store.eligible_by_priority(5000, after=None, limit=10)] == [5, 4, 3, 6]
+        apply_event(store, Purged(6, 5), fifo=False, now_ms=1000)
+        assert store.eligible_by_priority(5000, after=None, limit=10) == []
 
     def test_claim_moves_the_index_key(self, store: ShardStore) -> None:
         apply_event(store, sent(1), fifo=False, now_ms=1000)

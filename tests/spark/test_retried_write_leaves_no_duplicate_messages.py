@@ -148,6 +148,22 @@ def test_rows_bring_their_own_dedup_ids_group_ids_and_attributes(spark, start_se
     assert sorted(m.body for m in received) == [b"first", b"third"]
 
 
+def test_rows_bring_their_priority_lanes(spark, start_server) -> None:
+    endpoint = start_server(["jobs:priority_lanes=3"])
+    frame = spark.createDataFrame(
+        [("routine", None), ("urgent", 2), ("soon", 1), ("later", 0)], "body string, priority int"
+    )
+    write(frame.coalesce(1), endpoint, "jobs")
+    with Client(endpoint) as client:
+        received = client.receive_messages("jobs", max_messages=10)
+    assert [(m.body, m.priority) for m in received] == [
+        (b"urgent", 2),
+        (b"soon", 1),
+        (b"routine", 0),
+        (b"later", 0),
+    ]
+
+
 def test_unknown_columns_and_overwrite_are_refused(spark, start_server) -> None:
     endpoint = start_server(["orders"])
     typo = spark.createDataFrame([("x", "y")], "body string, atributes string")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import struct
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -19,6 +22,7 @@ from shard_server.storage.codecs import (
     encode_event,
     encode_record,
 )
+from shardq.queues import MAX_PRIORITY_LANES
 from shardq.receipts import MalformedReceipt, Receipt, decode_receipt, encode_receipt
 
 text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=20)
@@ -44,6 +48,7 @@ deliveries = st.builds(
     claim_epoch=st.integers(0, 2**63),
     claim_token=st.integers(0, 2**63),
     last_error=text,
+    priority=st.integers(0, MAX_PRIORITY_LANES - 1),
 )
 
 
@@ -80,9 +85,23 @@ def test_truncated_plain_record_is_refused() -> None:
 
 def test_unknown_delivery_state_is_refused() -> None:
     encoded = bytearray(encode_delivery(Delivery(7, DeliveryState.READY, 1, 1)))
-    encoded[0] = 99
-    with pytest.raises(CorruptEntry, match="delivery state 99"):
+    encoded[0] = 0x0E  # the state is the byte's low four bits
+    with pytest.raises(CorruptEntry, match="delivery state 14"):
         decode_delivery(7, bytes(encoded))
+    encoded[0] = MAX_PRIORITY_LANES << 4  # the priority its high four
+    with pytest.raises(CorruptEntry, match=f"priority {MAX_PRIORITY_LANES}"):
+        decode_delivery(7, bytes(encoded))
+
+
+def test_a_delivery_of_lane_0_is_encoded_as_before_lanes_and_others_keep_their_lane() -> None:
+    """Stored data from before priority lanes reads as lane 0, unchanged."""
+    delivery = Delivery(7, DeliveryState.CLAIMED, 1, 2, 3, 4, 5, 6, 7, "why")
+    before_lanes = struct.pack(">BIqqqqQQ", 1, 3, 1, 2, 4, 5, 6, 7) + b"why"
+    assert encode_delivery(delivery) == before_lanes
+    assert decode_delivery(7, before_lanes) == delivery
+    high = dataclasses.replace(delivery, priority=9)
+    assert encode_delivery(high)[0] == 0x91
+    assert decode_delivery(7, encode_delivery(high)) == high
 
 
 def test_log_entry_round_trips() -> None:

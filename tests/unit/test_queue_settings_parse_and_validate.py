@@ -125,6 +125,7 @@ def test_an_unknown_setting_error_lists_every_valid_name_and_each_is_accepted() 
     values = {
         "fifo": True,
         "contentBasedDedup": True,
+        "priorityLanes": 3,
         "deadLetterQueue": "dlq",
         "maxReceiveCount": 3,
         "redrivePolicy": {"deadLetterQueue": "dlq", "maxReceiveCount": 3},
@@ -167,3 +168,15 @@ def test_content_based_dedup_is_read_by_its_name_and_by_sqs_name_and_needs_a_ded
     merged = merged_spec({"contentBasedDedup": True}, {"ContentBasedDeduplication": False})
     assert merged == {"ContentBasedDeduplication": False}
     assert not queue_config_from_spec("orders", merged).content_based_dedup
+
+
+def test_priority_lanes_are_1_to_10_and_not_on_fifo_queues() -> None:
+    assert QueueConfig(name="orders").priority_lanes == 1
+    assert queue_config_from_spec("orders", {"priorityLanes": 10}).priority_lanes == 10
+    assert queue_config_from_spec("orders", {"priority_lanes": "3"}).priority_lanes == 3
+    for lanes in (0, 11):
+        with pytest.raises(ValueError, match="priority lanes must be 1..10"):
+            queue_config_from_spec("orders", {"priorityLanes": lanes})
+    with pytest.raises(ValueError, match="a FIFO queue has no priority lanes"):
+        queue_config_from_spec("orders", {"fifo": True, "priorityLanes": 2})
+    assert queue_config_from_spec("orders", {"fifo": True, "priorityLanes": 1}).fifo

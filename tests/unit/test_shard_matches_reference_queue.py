@@ -28,6 +28,7 @@ CONFIG = QueueConfig(
     max_depth=12,
     nack_backoff_base_ms=10,
     nack_backoff_max_ms=40,
+    priority_lanes=3,
 )
 
 
@@ -40,6 +41,7 @@ class RefMessage:
     token: int = 0
     claimed: bool = False
     dead: bool = False
+    priority: int = 0
 
 
 class ReferenceQueue:
@@ -51,12 +53,14 @@ class ReferenceQueue:
         self.dedup: dict[str, tuple[int, int]] = {}  # id -> (seq, expires)
         self.last_seq = 0
 
-    def send(self, dedup_id: str, delay: int, now: int) -> tuple[int, bool]:
+    def send(self, dedup_id: str, delay: int, now: int, priority: int) -> tuple[int, bool]:
         if dedup_id in self.dedup and self.dedup[dedup_id][1] > now:
             return self.dedup[dedup_id][0], True
         self.last_seq += 1
         # Claim tokens count up from the send's millisecond times 65,536.
-        self.messages[self.last_seq] = RefMessage(self.last_seq, now, now + delay, token=now * 65_536)
+        self.messages[self.last_seq] = RefMessage(
+            self.last_seq, now, now + delay, token=now * 65_536, priority=priority
+        )
         if dedup_id:
             self.dedup[dedup_id] = (self.last_seq, now + self.config.dedup_window_ms)
         return self.last_seq, False
@@ -64,7 +68,7 @@ class ReferenceQueue:
     def receive(self, count: int, visibility: int, now: int) -> list[tuple[int, int]]:
         candidates = sorted(
             (m for m in self.messages.values() if not m.dead and m.visible_at <= now),
-            key=lambda m: (m.visible_at, m.seq),
+            key=lambda m: (-m.priority, m.visible_at, m.seq),  # the highest lane first
         )
         got: list[tuple[int, int]] = []
         for message in candidates:
@@ -138,9 +142,14 @@ class ShardVersusReference(RuleBasedStateMachine):
         self.now = 1_000
         self.receipts: list[Receipt] = []
 
-    @rule(dedup=st.sampled_from(["", "", "a", "b"]), delay=st.sampled_from([0, 0, 50, 400]), count=st.integers(1, 3))
-    def send(self, dedup: str, delay: int, count: int) -> None:
-        batch = [NewMessage(b"x", {}, "", dedup, delay) for _ in range(count)]
+    @rule(
+        dedup=st.sampled_from(["", "", "a", "b"]),
+        delay=st.sampled_from([0, 0, 50, 400]),
+        count=st.integers(1, 3),
+        priority=st.sampled_from([0, 0, 1, 2]),
+    )
+    def send(self, dedup: str, delay: int, count: int, priority: int) -> None:
+        batch = [NewMessage(b"x", {}, "", dedup, delay, priority=priority) for _ in range(count)]
         stored = self.store.message_count()
         try:
             outcomes = sending.send_messages(self.store, self.context, batch, now_ms=self.now)
@@ -148,7 +157,7 @@ class ShardVersusReference(RuleBasedStateMachine):
             assert self.store.message_count() == stored, "a refused batch stored something"
             assert len(self.reference.messages) + count > 12
             return
-        expected = [self.reference.send(dedup, delay, self.now) for _ in batch]
+        expected = [self.reference.send(dedup, delay, self.now, priority) for _ in batch]
         assert [(o.seq, o.duplicate) for o in outcomes] == expected
 
     @rule(count=st.integers(1, 4), visibility=st.sampled_from([0, 30, 100]))

@@ -54,6 +54,7 @@ class MessageToSend(_message.Message):
     GROUP_ID_FIELD_NUMBER: _builtins.int
     DEDUP_ID_FIELD_NUMBER: _builtins.int
     DELAY_MS_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     body: _builtins.bytes
     group_id: _builtins.str
     """Required on FIFO queues: order and one-in-flight hold per group."""
@@ -63,6 +64,10 @@ class MessageToSend(_message.Message):
     """
     delay_ms: _builtins.int
     """Unset: the queue's delivery delay. Up to the retention period."""
+    priority: _builtins.int
+    """Its priority lane, 0 (the default) to the queue's priority_lanes - 1: a shard
+    delivers the eligible messages of a higher lane before those of a lower one.
+    """
     @_builtins.property
     def attributes(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     def __init__(
@@ -73,10 +78,11 @@ class MessageToSend(_message.Message):
         group_id: _builtins.str = ...,
         dedup_id: _builtins.str = ...,
         delay_ms: _builtins.int | None = ...,
+        priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_delay_ms", b"_delay_ms", "delay_ms", b"delay_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_delay_ms", b"_delay_ms", "attributes", b"attributes", "body", b"body", "dedup_id", b"dedup_id", "delay_ms", b"delay_ms", "group_id", b"group_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_delay_ms", b"_delay_ms", "attributes", b"attributes", "body", b"body", "dedup_id", b"dedup_id", "delay_ms", b"delay_ms", "group_id", b"group_id", "priority", b"priority"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__delay_ms: _TypeAlias = _typing.Literal["delay_ms"]  # noqa: Y015
     _WhichOneofArgType__delay_ms: _TypeAlias = _typing.Literal["_delay_ms", b"_delay_ms"]  # noqa: Y015
@@ -227,6 +233,7 @@ class ReceivedMessage(_message.Message):
     VISIBLE_UNTIL_MS_FIELD_NUMBER: _builtins.int
     SHARD_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     message_id: _builtins.str
     body: _builtins.bytes
     group_id: _builtins.str
@@ -241,6 +248,7 @@ class ReceivedMessage(_message.Message):
     visible_until_ms: _builtins.int
     shard: _builtins.int
     seq: _builtins.int
+    priority: _builtins.int
     @_builtins.property
     def attributes(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     def __init__(
@@ -258,10 +266,11 @@ class ReceivedMessage(_message.Message):
         visible_until_ms: _builtins.int = ...,
         shard: _builtins.int = ...,
         seq: _builtins.int = ...,
+        priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attributes", b"attributes", "body", b"body", "dedup_id", b"dedup_id", "first_received_at_ms", b"first_received_at_ms", "group_id", b"group_id", "message_id", b"message_id", "receipt", b"receipt", "receive_count", b"receive_count", "sent_at_ms", b"sent_at_ms", "seq", b"seq", "shard", b"shard", "visible_until_ms", b"visible_until_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attributes", b"attributes", "body", b"body", "dedup_id", b"dedup_id", "first_received_at_ms", b"first_received_at_ms", "group_id", b"group_id", "message_id", b"message_id", "priority", b"priority", "receipt", b"receipt", "receive_count", b"receive_count", "sent_at_ms", b"sent_at_ms", "seq", b"seq", "shard", b"shard", "visible_until_ms", b"visible_until_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -721,6 +730,7 @@ class QueueConfig(_message.Message):
     JOURNAL_RETENTION_MS_FIELD_NUMBER: _builtins.int
     REPLICAS_FIELD_NUMBER: _builtins.int
     CONTENT_BASED_DEDUP_FIELD_NUMBER: _builtins.int
+    PRIORITY_LANES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     shards: _builtins.int
     fifo: _builtins.bool
@@ -740,6 +750,8 @@ class QueueConfig(_message.Message):
     """A message sent without a dedup id is deduplicated by its body's SHA-256
     ("sha256:<hex>", the dedup id it is then stored and received with).
     """
+    priority_lanes: _builtins.int
+    """How many priority lanes its messages may choose from (1: no priorities)."""
     def __init__(
         self,
         *,
@@ -759,10 +771,11 @@ class QueueConfig(_message.Message):
         journal_retention_ms: _builtins.int = ...,
         replicas: _builtins.int = ...,
         content_based_dedup: _builtins.bool = ...,
+        priority_lanes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_based_dedup", b"content_based_dedup", "dead_letter_queue", b"dead_letter_queue", "dedup_window_ms", b"dedup_window_ms", "delivery_delay_ms", b"delivery_delay_ms", "fifo", b"fifo", "journal_retention_ms", b"journal_retention_ms", "max_depth", b"max_depth", "max_message_bytes", b"max_message_bytes", "max_receive_count", b"max_receive_count", "nack_backoff_base_ms", b"nack_backoff_base_ms", "nack_backoff_max_ms", b"nack_backoff_max_ms", "name", b"name", "replicas", b"replicas", "retention_ms", b"retention_ms", "shards", b"shards", "visibility_timeout_ms", b"visibility_timeout_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_based_dedup", b"content_based_dedup", "dead_letter_queue", b"dead_letter_queue", "dedup_window_ms", b"dedup_window_ms", "delivery_delay_ms", b"delivery_delay_ms", "fifo", b"fifo", "journal_retention_ms", b"journal_retention_ms", "max_depth", b"max_depth", "max_message_bytes", b"max_message_bytes", "max_receive_count", b"max_receive_count", "nack_backoff_base_ms", b"nack_backoff_base_ms", "nack_backoff_max_ms", b"nack_backoff_max_ms", "name", b"name", "priority_lanes", b"priority_lanes", "replicas", b"replicas", "retention_ms", b"retention_ms", "shards", b"shards", "visibility_timeout_ms", b"visibility_timeout_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
