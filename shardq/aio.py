@@ -1008,6 +1008,7 @@ class AsyncClient:
                 for s in r.shards
             ],
             uncounted_shards=tuple(r.uncounted_shards),
+            settings=settings_from_proto(r.config),
         )
 
     async def describe(self, queue: str) -> list[ShardRoute]:

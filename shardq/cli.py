@@ -710,9 +710,9 @@ def queues(endpoint: str, as_json: bool, prefix: str, dead_letter_queue: str) ->
     with Client(endpoint) as client:
         rows = []
         for name in client.list_queues(prefix, dead_letter_queue=dead_letter_queue):
+            # One call a queue: the attributes carry its settings.
             attributes = client.attributes(name)
-            settings = client.queue_settings(name)
-            rows.append((name, attributes, settings))
+            rows.append((name, attributes, attributes.settings))
     if as_json:
         for name, attributes, settings in rows:
             depth = {"visible": attributes.visible, "in_flight": attributes.in_flight, "delayed": attributes.delayed}

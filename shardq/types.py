@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -81,6 +82,8 @@ class QueueAttributes:
     # Shards the totals leave out: their leader did not answer in time, or none is known
     # (for a moment after a leader dies). The totals then read low.
     uncounted_shards: tuple[int, ...] = ()
+    # The queue's settings, as `queue_settings` gives them (the same answer carries them).
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def complete(self) -> bool:

@@ -116,14 +116,14 @@ def test_serve_with_broken_yaml_names_the_file_line_and_column(tmp_path: pathlib
 def test_send_file_refuses_the_options_a_line_carries_itself(server: ServerProcess, tmp_path: pathlib.Path) -> None:
     source = tmp_path / "one.jsonl"
     source.write_text(jsonl({"body": "a"}))
-    options = ("--delay", "60s", "--attr", "a=b", "--group", "g", "--dedup-id", "X")
+    options = ("--delay", "60s", "--attr", "a=b", "--group", "g", "--dedup-id", "X", "--priority", "0")
     done = shardq("send", "--queue", QUEUE, "--file", str(source), *options, endpoint=server.endpoint)
     refused(
         done,
         exit_code=2,
         saying=(
-            "--delay, --attr, --group, --dedup-id cannot be used with --file",
-            "a --file line carries its own delay, attributes, group_id and dedup_id",
+            "--delay, --attr, --group, --dedup-id, --priority cannot be used with --file",
+            "a --file line carries its own delay, attributes, group_id, dedup_id and priority",
         ),
     )
     assert visible(server) == 0

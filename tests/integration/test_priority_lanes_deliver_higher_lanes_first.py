@@ -77,15 +77,22 @@ def test_a_priority_the_queue_has_no_lane_for_is_refused_naming_the_field(server
             client.create_queue("ordered", {"fifo": "true", "priorityLanes": "2"})
 
 
-def test_the_cli_sends_with_a_priority_and_shows_it(server_factory: ServerFactory) -> None:
+def test_the_cli_sends_with_a_priority_and_shows_it(server_factory: ServerFactory, tmp_path: pathlib.Path) -> None:
     server = server_factory("jobs:priority_lanes=10")
-    assert run_shardq(server.endpoint, "send", "--queue", "jobs", "--body", "later").returncode == 0
+    lines = tmp_path / "lines.jsonl"
+    lines.write_text('{"body": "later"}\n{"body": "sooner", "priority": 5}\n')
+    sent_file = run_shardq(server.endpoint, "send", "--queue", "jobs", "--file", str(lines))
+    assert sent_file.returncode == 0, sent_file.stderr
+    lines.write_text('{"body": "x", "priority": "high"}\n')
+    bad_line = run_shardq(server.endpoint, "send", "--queue", "jobs", "--file", str(lines))
+    assert bad_line.returncode != 0
+    assert "line 1: priority must be a whole number from 0, got 'high'" in bad_line.stderr
     sent = run_shardq(server.endpoint, "send", "--queue", "jobs", "--body", "now", "--priority", "9")
     assert sent.returncode == 0, sent.stderr
-    received = run_shardq(server.endpoint, "receive", "--queue", "jobs", "--max", "2", "--json")
+    received = run_shardq(server.endpoint, "receive", "--queue", "jobs", "--max", "3", "--json")
     assert received.returncode == 0, received.stderr
     shown = [json.loads(line) for line in received.stdout.splitlines()]
-    assert [(line["body"], line["priority"]) for line in shown] == [("now", 9), ("later", 0)]
+    assert [(line["body"], line["priority"]) for line in shown] == [("now", 9), ("sooner", 5), ("later", 0)]
     refused = run_shardq(server.endpoint, "send", "--queue", "jobs", "--body", "x", "--priority", "10")
     assert refused.returncode != 0
     assert "priority" in refused.stderr

@@ -175,7 +175,7 @@ def test_priority_lanes_are_1_to_10_and_not_on_fifo_queues() -> None:
     assert queue_config_from_spec("orders", {"priorityLanes": 10}).priority_lanes == 10
     assert queue_config_from_spec("orders", {"priority_lanes": "3"}).priority_lanes == 3
     for lanes in (0, 11):
-        with pytest.raises(ValueError, match="priority lanes must be 1..10"):
+        with pytest.raises(ValueError, match=r"priority lanes must be 1\.\.10"):
             queue_config_from_spec("orders", {"priorityLanes": lanes})
     with pytest.raises(ValueError, match="a FIFO queue has no priority lanes"):
         queue_config_from_spec("orders", {"fifo": True, "priorityLanes": 2})
