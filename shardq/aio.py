@@ -30,7 +30,7 @@ from shardq.converting import message_to_proto, received_from_proto, send_result
 from shardq.durations import MAX_DURATION_MS
 from shardq.errors import InvalidArgument, NotLeader, QueueFull, Unavailable
 from shardq.giving_back import give_back_now
-from shardq.queues import MAX_RECEIVE_BATCH, MAX_RECEIVE_SHARES
+from shardq.queues import MAX_RECEIVE_BATCH, MAX_RECEIVE_SHARES, MAX_WAIT_MS
 from shardq.receipts import MalformedReceipt, decode_receipt
 from shardq.receive_shares import split_shares
 from shardq.routing import choose_shard, content_dedup_id
@@ -226,6 +226,14 @@ def _with_content_dedup_ids(messages: Sequence[Message]) -> list[Message]:
     ]
 
 
+def _learned(learning_table: dict[str, Any], queue: str, learning: asyncio.Future[Any]) -> None:
+    """A lookup asked once for many callers ended: the next asks again if it must."""
+    if learning_table.get(queue) is learning:
+        del learning_table[queue]
+    if not learning.cancelled():
+        learning.exception()  # retrieved: every waiter may have given up
+
+
 def _unsendable(messages: Sequence[Message]) -> InvalidArgument:
     """The first message protobuf cannot hold (a `str` body, a non-string attribute, a delay
     past int64), named as the server names a message it refuses: the bare TypeError or
@@ -308,6 +316,9 @@ class AsyncClient:
         self._ack_streams = AcknowledgementStreams(self._open_ack_stream)
         # Per (queue, visibility timeout): concurrent short polls share one request.
         self._receivers: dict[tuple[str, int | None, bool], Coalescer[int, list[ReceivedMessage]]] = {}
+        # Per queue, its receive wait as the last answer from it said: a receive that gives
+        # none is a short poll (and may share a request) when this is 0.
+        self._queue_receive_waits: dict[str, int] = {}
         # Shared by the unary batchers: callers one shared answer woke make their next
         # calls (a receive answered, then a delete) together too.
         self._woken = WokenTogether()
@@ -319,6 +330,7 @@ class AsyncClient:
         self._routes: dict[str, _QueueRoutes] = {}
         # Per queue: the shard-map lookup in flight, which the calls that need it share.
         self._learning_routes: dict[str, asyncio.Future[_QueueRoutes]] = {}
+        self._learning_receive_waits: dict[str, asyncio.Future[int]] = {}
         self._leader_channels: dict[str, grpc.aio.Channel] = {}
         self._leader_stubs: dict[str, queue_pb2_grpc.QueueServiceAsyncStub] = {}
         self._round_robin = itertools.count()
@@ -386,15 +398,27 @@ class AsyncClient:
         learning = self._learning_routes.get(queue)
         if learning is None:
             learning = self._learning_routes[queue] = asyncio.ensure_future(self._describe_routes(queue))
-            learning.add_done_callback(functools.partial(self._learned_routes, queue))
+            learning.add_done_callback(functools.partial(_learned, self._learning_routes, queue))
         # Shielded: a caller that gives up does not cancel the others' lookup.
         return await asyncio.shield(learning)
 
-    def _learned_routes(self, queue: str, learning: asyncio.Future[_QueueRoutes]) -> None:
-        if self._learning_routes.get(queue) is learning:
-            del self._learning_routes[queue]
-        if not learning.cancelled():
-            learning.exception()  # retrieved: every waiter may have given up
+    async def _learn_receive_wait(self, queue: str) -> int:
+        """The queue's receive wait, asked once however many receives wait for it (a
+        burst of first receives each sent alone, not knowing whether it may wait, shared
+        no request); later answers to receives keep it up to date."""
+        learning = self._learning_receive_waits.get(queue)
+        if learning is None:
+            learning = self._learning_receive_waits[queue] = asyncio.ensure_future(self._describe_receive_wait(queue))
+            learning.add_done_callback(functools.partial(_learned, self._learning_receive_waits, queue))
+        return await asyncio.shield(learning)
+
+    async def _describe_receive_wait(self, queue: str) -> int:
+        description = await self._unary(
+            self._stub.DescribeQueue, queue_pb2.DescribeQueueRequest(queue=queue), queue=queue
+        )
+        wait_ms = int(description.config.receive_wait_ms)
+        self._queue_receive_waits[queue] = wait_ms
+        return wait_ms
 
     async def _describe_routes(self, queue: str) -> _QueueRoutes:
         description = await self._unary(
@@ -407,6 +431,7 @@ class AsyncClient:
             leaders=[route.leader_address for route in sorted(description.shards, key=lambda r: r.shard)],
         )
         self._routes[queue] = routes
+        self._queue_receive_waits[queue] = description.config.receive_wait_ms  # while it is here
         return routes
 
     def _leader_stub(self, address: str) -> Any:
@@ -706,10 +731,11 @@ class AsyncClient:
         *,
         max_messages: int = 10,
         visibility_timeout_ms: int | None = None,
-        wait_time_ms: int = 0,
+        wait_time_ms: int | None = None,
         delete_on_receive: bool = False,
     ) -> list[ReceivedMessage]:
-        """Claim up to `max_messages`, long-polling up to `wait_time_ms` for the first.
+        """Claim up to `max_messages`, long-polling up to `wait_time_ms` for the first
+        (None: as long as the queue's `receiveWait` says, 0 unless set, as in SQS).
 
         Concurrent short polls (`wait_time_ms` 0) of one queue with the same visibility
         timeout share a request, as deletes do: the server claims each caller's share
@@ -725,6 +751,12 @@ class AsyncClient:
         _check_receive_count(max_messages)
         _check_duration("visibility_timeout_ms", visibility_timeout_ms)
         _check_duration("wait_time_ms", wait_time_ms)
+        if wait_time_ms is None:
+            queue_waits = self._queue_receive_waits.get(queue)
+            if queue_waits is None:
+                queue_waits = await self._learn_receive_wait(queue)
+            if queue_waits == 0:
+                wait_time_ms = 0  # the queue does not make receives wait: this one is a short poll
         if wait_time_ms == 0 and 1 <= max_messages <= MAX_RECEIVE_BATCH:
             return await self._receiver(queue, visibility_timeout_ms, delete_on_receive).add(max_messages)
         return (
@@ -743,20 +775,25 @@ class AsyncClient:
         visibility_timeout_ms: int | None,
         shares: list[int],
         *,
-        wait_time_ms: int = 0,
+        wait_time_ms: int | None = 0,
         delete_on_receive: bool = False,
     ) -> list[list[ReceivedMessage]]:
-        """One receive request: a plain one for one caller, a shared one for several."""
+        """One receive request: a plain one for one caller, a shared one for several
+        (`wait_time_ms` None: the queue's receive wait)."""
         if len(shares) == 1:
             request = queue_pb2.ReceiveMessagesRequest(
-                queue=queue, max_messages=shares[0], wait_time_ms=wait_time_ms, delete_on_receive=delete_on_receive
+                queue=queue, max_messages=shares[0], delete_on_receive=delete_on_receive
             )
+            if wait_time_ms is not None:
+                request.wait_time_ms = wait_time_ms  # 0 too: "at once", not "as the queue says"
         else:
             request = queue_pb2.ReceiveMessagesRequest(queue=queue, shares=shares, delete_on_receive=delete_on_receive)
         if visibility_timeout_ms is not None:
             request.visibility_timeout_ms = visibility_timeout_ms
-        # The deadline leaves room for the server's long poll to end first.
-        timeout = wait_time_ms / 1000 + 30
+        # The deadline leaves room for the server's long poll to end first (the longest
+        # there is, when the queue's is not known yet).
+        waits_ms = wait_time_ms if wait_time_ms is not None else self._queue_receive_waits.get(queue, MAX_WAIT_MS)
+        timeout = waits_ms / 1000 + 30
         routes = await self._routes_for(queue)
         # A receive that deletes is not repeated: the first may have deleted what it took.
         idempotent = not delete_on_receive
@@ -772,6 +809,7 @@ class AsyncClient:
             response = await self._routed(
                 queue, address, "ReceiveMessages", request, idempotent=idempotent, timeout=timeout
             )
+        self._queue_receive_waits[queue] = response.queue_receive_wait_ms
         received = received_from_proto(response)
         return [received] if len(shares) == 1 else split_shares(response, received, len(shares))
 

@@ -493,7 +493,12 @@ def send(
 @click.option("--queue", required=True)
 @click.option("--max", "max_messages", default=1, show_default=True, type=int)
 @click.option("--visibility", type=DURATION, default=None, help="visibility timeout (default: the queue's)")
-@click.option("--wait", type=DURATION, default=0, help="long-poll up to this long")
+@click.option(
+    "--wait",
+    type=DURATION,
+    default=None,
+    help="long-poll up to this long [default: the queue's receiveWait, 0 unless set]",
+)
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per line")
 @click.option("--peek", is_flag=True, help="look without claiming: no receipts, nothing changes")
 @click.option(
@@ -508,7 +513,7 @@ def receive(
     queue: str,
     max_messages: int,
     visibility: int | None,
-    wait: int,
+    wait: int | None,
     as_json: bool,
     peek: bool,
     delete_on_receive: bool,

@@ -153,7 +153,7 @@ class Client:
         *,
         max_messages: int = 10,
         visibility_timeout_ms: int | None = None,
-        wait_time_ms: int = 0,
+        wait_time_ms: int | None = None,
         delete_on_receive: bool = False,
     ) -> list[ReceivedMessage]:
         return self._run(

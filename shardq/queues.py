@@ -62,6 +62,9 @@ class QueueConfig:
     # 1: every message has priority 0. More: a message chooses 0..priority_lanes - 1, and a
     # shard delivers its eligible messages highest lane first.
     priority_lanes: int = 1
+    # How long a receive that gives no wait of its own long-polls (SQS's
+    # ReceiveMessageWaitTimeSeconds): 0, at once.
+    receive_wait_ms: int = 0
 
     def __post_init__(self) -> None:
         validate_queue_config(self)
@@ -134,6 +137,7 @@ def validate_queue_config(config: QueueConfig) -> None:
         (0 < config.nack_backoff_base_ms <= config.nack_backoff_max_ms, "nack backoff must be 0 < base <= max"),
         (0 <= config.journal_retention_ms <= MAX_RETENTION_MS, "journal retention must be 0..366d"),
         (1 <= config.priority_lanes <= MAX_PRIORITY_LANES, f"priority lanes must be 1..{MAX_PRIORITY_LANES}"),
+        (0 <= config.receive_wait_ms <= MAX_WAIT_MS, "receive wait must be 0..15m (a long poll's limit)"),
         (
             config.priority_lanes == 1 or not config.fifo,
             "a FIFO queue has no priority lanes: it delivers each group in send order",
@@ -162,6 +166,9 @@ _DURATION_FIELDS = {
     "nackbackoffbase": "nack_backoff_base_ms",
     "nackbackoffmax": "nack_backoff_max_ms",
     "journalretention": "journal_retention_ms",
+    "receivewait": "receive_wait_ms",
+    # SQS's attribute (in seconds, as a bare number here is).
+    "receivemessagewaittimeseconds": "receive_wait_ms",
 }
 _INT_FIELDS = {
     "shards": "shards",
@@ -197,6 +204,7 @@ SETTING_NAMES = (
     "nackBackoffMax",
     "journalRetention",
     "priorityLanes",
+    "receiveWait",
 )
 
 

@@ -165,6 +165,7 @@ def config_to_proto(config: QueueConfig) -> queue_pb2.QueueConfig:
         journal_retention_ms=config.journal_retention_ms,
         replicas=config.replicas,
         priority_lanes=config.priority_lanes,
+        receive_wait_ms=config.receive_wait_ms,
     )
 
 

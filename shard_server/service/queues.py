@@ -217,12 +217,18 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
     ) -> queue_pb2.ReceiveMessagesResponse:
         queue = self.host.get(request.queue)
         if request.shares:
-            return await self._receive_shares(queue, request, context)
+            response = await self._receive_shares(queue, request, context)
+            response.queue_receive_wait_ms = queue.config.receive_wait_ms
+            return response
+        # A receive that does not say how long to wait waits as its queue says (a
+        # peek never waits); one forwarded here always says.
+        asked_wait = request.HasField("wait_time_ms") or request.peek
+        wait_ms = request.wait_time_ms if asked_wait else queue.config.receive_wait_ms
         visibility = validate_receive(
             queue.config,
             max_messages=request.max_messages,
             visibility_timeout_ms=_visibility_asked(request),
-            wait_ms=request.wait_time_ms,
+            wait_ms=wait_ms,
         )
         if request.peek:
             if request.wait_time_ms:
@@ -239,12 +245,15 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         received = await queue.receive(
             max_messages=request.max_messages,
             visibility_timeout_ms=visibility,
-            wait_ms=request.wait_time_ms,
+            wait_ms=wait_ms,
             shard=_pinned_shard(request, queue.config.shards),
             forwarded=self._forwarded(context),
             delete_on_receive=request.delete_on_receive,
         )
-        return received_to_proto(received, deleted=request.delete_on_receive)
+        response = received_to_proto(received, deleted=request.delete_on_receive)
+        # Read now, not before the wait: a change of the setting meanwhile is news to the client.
+        response.queue_receive_wait_ms = queue.config.receive_wait_ms
+        return response
 
     async def _receive_shares(
         self, queue: HostedQueue, request: queue_pb2.ReceiveMessagesRequest, context: Context

@@ -126,6 +126,7 @@ def test_an_unknown_setting_error_lists_every_valid_name_and_each_is_accepted() 
         "fifo": True,
         "contentBasedDedup": True,
         "priorityLanes": 3,
+        "receiveWait": "20s",
         "deadLetterQueue": "dlq",
         "maxReceiveCount": 3,
         "redrivePolicy": {"deadLetterQueue": "dlq", "maxReceiveCount": 3},
@@ -180,3 +181,12 @@ def test_priority_lanes_are_1_to_10_and_not_on_fifo_queues() -> None:
     with pytest.raises(ValueError, match="a FIFO queue has no priority lanes"):
         queue_config_from_spec("orders", {"fifo": True, "priorityLanes": 2})
     assert queue_config_from_spec("orders", {"fifo": True, "priorityLanes": 1}).fifo
+
+
+def test_receive_wait_is_a_duration_up_to_a_long_polls_limit_also_by_its_sqs_name() -> None:
+    assert QueueConfig(name="orders").receive_wait_ms == 0
+    assert queue_config_from_spec("orders", {"receiveWait": "20s"}).receive_wait_ms == 20_000
+    assert queue_config_from_spec("orders", {"ReceiveMessageWaitTimeSeconds": 20}).receive_wait_ms == 20_000
+    assert queue_config_from_spec("orders", {"receive_wait": "15m"}).receive_wait_ms == 15 * 60_000
+    with pytest.raises(ValueError, match=r"receive wait must be 0\.\.15m"):
+        queue_config_from_spec("orders", {"receiveWait": "16m"})

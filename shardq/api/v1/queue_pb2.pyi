@@ -293,7 +293,9 @@ class ReceiveMessagesRequest(_message.Message):
     visibility_timeout_ms: _builtins.int
     """Unset: the queue's visibility timeout."""
     wait_time_ms: _builtins.int
-    """Long polling: wait up to this long for a first message."""
+    """Long polling: wait up to this long for a first message. Unset: the queue's
+    receive_wait_ms (SQS's ReceiveMessageWaitTimeSeconds); 0 answers at once.
+    """
     shard: _builtins.int
     """Receive from this shard only (forwarding and direct routing)."""
     peek: _builtins.bool
@@ -321,24 +323,28 @@ class ReceiveMessagesRequest(_message.Message):
         queue: _builtins.str = ...,
         max_messages: _builtins.int = ...,
         visibility_timeout_ms: _builtins.int | None = ...,
-        wait_time_ms: _builtins.int = ...,
+        wait_time_ms: _builtins.int | None = ...,
         shard: _builtins.int | None = ...,
         peek: _builtins.bool = ...,
         shares: _abc.Iterable[_builtins.int] | None = ...,
         delete_on_receive: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_shard", b"_shard", "_visibility_timeout_ms", b"_visibility_timeout_ms", "shard", b"shard", "visibility_timeout_ms", b"visibility_timeout_ms"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_shard", b"_shard", "_visibility_timeout_ms", b"_visibility_timeout_ms", "_wait_time_ms", b"_wait_time_ms", "shard", b"shard", "visibility_timeout_ms", b"visibility_timeout_ms", "wait_time_ms", b"wait_time_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_shard", b"_shard", "_visibility_timeout_ms", b"_visibility_timeout_ms", "delete_on_receive", b"delete_on_receive", "max_messages", b"max_messages", "peek", b"peek", "queue", b"queue", "shard", b"shard", "shares", b"shares", "visibility_timeout_ms", b"visibility_timeout_ms", "wait_time_ms", b"wait_time_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_shard", b"_shard", "_visibility_timeout_ms", b"_visibility_timeout_ms", "_wait_time_ms", b"_wait_time_ms", "delete_on_receive", b"delete_on_receive", "max_messages", b"max_messages", "peek", b"peek", "queue", b"queue", "shard", b"shard", "shares", b"shares", "visibility_timeout_ms", b"visibility_timeout_ms", "wait_time_ms", b"wait_time_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__shard: _TypeAlias = _typing.Literal["shard"]  # noqa: Y015
     _WhichOneofArgType__shard: _TypeAlias = _typing.Literal["_shard", b"_shard"]  # noqa: Y015
     _WhichOneofReturnType__visibility_timeout_ms: _TypeAlias = _typing.Literal["visibility_timeout_ms"]  # noqa: Y015
     _WhichOneofArgType__visibility_timeout_ms: _TypeAlias = _typing.Literal["_visibility_timeout_ms", b"_visibility_timeout_ms"]  # noqa: Y015
+    _WhichOneofReturnType__wait_time_ms: _TypeAlias = _typing.Literal["wait_time_ms"]  # noqa: Y015
+    _WhichOneofArgType__wait_time_ms: _TypeAlias = _typing.Literal["_wait_time_ms", b"_wait_time_ms"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__shard) -> _WhichOneofReturnType__shard | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__visibility_timeout_ms) -> _WhichOneofReturnType__visibility_timeout_ms | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__wait_time_ms) -> _WhichOneofReturnType__wait_time_ms | None: ...
 
 Global___ReceiveMessagesRequest: _TypeAlias = ReceiveMessagesRequest  # noqa: Y015
 
@@ -348,6 +354,11 @@ class ReceiveMessagesResponse(_message.Message):
 
     MESSAGES_FIELD_NUMBER: _builtins.int
     SHARE_COUNTS_FIELD_NUMBER: _builtins.int
+    QUEUE_RECEIVE_WAIT_MS_FIELD_NUMBER: _builtins.int
+    queue_receive_wait_ms: _builtins.int
+    """The queue's receive_wait_ms now: what a receive without wait_time_ms waits,
+    for a client deciding how to send its next one.
+    """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReceivedMessage]: ...
     @_builtins.property
@@ -359,10 +370,11 @@ class ReceiveMessagesResponse(_message.Message):
         *,
         messages: _abc.Iterable[Global___ReceivedMessage] | None = ...,
         share_counts: _abc.Iterable[_builtins.int] | None = ...,
+        queue_receive_wait_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "share_counts", b"share_counts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "queue_receive_wait_ms", b"queue_receive_wait_ms", "share_counts", b"share_counts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -731,6 +743,7 @@ class QueueConfig(_message.Message):
     REPLICAS_FIELD_NUMBER: _builtins.int
     CONTENT_BASED_DEDUP_FIELD_NUMBER: _builtins.int
     PRIORITY_LANES_FIELD_NUMBER: _builtins.int
+    RECEIVE_WAIT_MS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     shards: _builtins.int
     fifo: _builtins.bool
@@ -752,6 +765,8 @@ class QueueConfig(_message.Message):
     """
     priority_lanes: _builtins.int
     """How many priority lanes its messages may choose from (1: no priorities)."""
+    receive_wait_ms: _builtins.int
+    """How long a receive that does not say waits for a first message (0: not at all)."""
     def __init__(
         self,
         *,
@@ -772,10 +787,11 @@ class QueueConfig(_message.Message):
         replicas: _builtins.int = ...,
         content_based_dedup: _builtins.bool = ...,
         priority_lanes: _builtins.int = ...,
+        receive_wait_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_based_dedup", b"content_based_dedup", "dead_letter_queue", b"dead_letter_queue", "dedup_window_ms", b"dedup_window_ms", "delivery_delay_ms", b"delivery_delay_ms", "fifo", b"fifo", "journal_retention_ms", b"journal_retention_ms", "max_depth", b"max_depth", "max_message_bytes", b"max_message_bytes", "max_receive_count", b"max_receive_count", "nack_backoff_base_ms", b"nack_backoff_base_ms", "nack_backoff_max_ms", b"nack_backoff_max_ms", "name", b"name", "priority_lanes", b"priority_lanes", "replicas", b"replicas", "retention_ms", b"retention_ms", "shards", b"shards", "visibility_timeout_ms", b"visibility_timeout_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_based_dedup", b"content_based_dedup", "dead_letter_queue", b"dead_letter_queue", "dedup_window_ms", b"dedup_window_ms", "delivery_delay_ms", b"delivery_delay_ms", "fifo", b"fifo", "journal_retention_ms", b"journal_retention_ms", "max_depth", b"max_depth", "max_message_bytes", b"max_message_bytes", "max_receive_count", b"max_receive_count", "nack_backoff_base_ms", b"nack_backoff_base_ms", "nack_backoff_max_ms", b"nack_backoff_max_ms", "name", b"name", "priority_lanes", b"priority_lanes", "receive_wait_ms", b"receive_wait_ms", "replicas", b"replicas", "retention_ms", b"retention_ms", "shards", b"shards", "visibility_timeout_ms", b"visibility_timeout_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
