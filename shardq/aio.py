@@ -790,10 +790,9 @@ class AsyncClient:
             request = queue_pb2.ReceiveMessagesRequest(queue=queue, shares=shares, delete_on_receive=delete_on_receive)
         if visibility_timeout_ms is not None:
             request.visibility_timeout_ms = visibility_timeout_ms
-        # The deadline leaves room for the server's long poll to end first (the longest
-        # there is, when the queue's is not known yet).
-        waits_ms = wait_time_ms if wait_time_ms is not None else self._queue_receive_waits.get(queue, MAX_WAIT_MS)
-        timeout = waits_ms / 1000 + 30
+        # The deadline leaves room for the server's long poll to end first: without a wait
+        # of its own, the longest there is (the queue's may have grown since last heard of).
+        timeout = (MAX_WAIT_MS if wait_time_ms is None else wait_time_ms) / 1000 + 30
         routes = await self._routes_for(queue)
         # A receive that deletes is not repeated: the first may have deleted what it took.
         idempotent = not delete_on_receive
