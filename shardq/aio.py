@@ -226,12 +226,28 @@ def _with_content_dedup_ids(messages: Sequence[Message]) -> list[Message]:
     ]
 
 
-def _learned(learning_table: dict[str, Any], queue: str, learning: asyncio.Future[Any]) -> None:
+Learned = TypeVar("Learned")
+
+
+async def _asked_once(
+    learning: dict[str, asyncio.Future[Learned]], queue: str, ask: Callable[[str], Awaitable[Learned]]
+) -> Learned:
+    """`ask(queue)`, asked once however many callers wait for it (`learning` holds the
+    lookups in flight, by queue)."""
+    lookup = learning.get(queue)
+    if lookup is None:
+        lookup = learning[queue] = asyncio.ensure_future(ask(queue))
+        lookup.add_done_callback(functools.partial(_learned, learning, queue))
+    # Shielded: a caller that gives up does not cancel the others' lookup.
+    return await asyncio.shield(lookup)
+
+
+def _learned(learning: dict[str, Any], queue: str, lookup: asyncio.Future[Any]) -> None:
     """A lookup asked once for many callers ended: the next asks again if it must."""
-    if learning_table.get(queue) is learning:
-        del learning_table[queue]
-    if not learning.cancelled():
-        learning.exception()  # retrieved: every waiter may have given up
+    if learning.get(queue) is lookup:
+        del learning[queue]
+    if not lookup.cancelled():
+        lookup.exception()  # retrieved: every waiter may have given up
 
 
 def _unsendable(messages: Sequence[Message]) -> InvalidArgument:
@@ -395,22 +411,13 @@ class AsyncClient:
         """The queue's shard map, asked once however many calls wait for it: a burst of
         first calls that each asked (thousands at a client's start, or after a failover
         dropped the map) crowded out the calls themselves."""
-        learning = self._learning_routes.get(queue)
-        if learning is None:
-            learning = self._learning_routes[queue] = asyncio.ensure_future(self._describe_routes(queue))
-            learning.add_done_callback(functools.partial(_learned, self._learning_routes, queue))
-        # Shielded: a caller that gives up does not cancel the others' lookup.
-        return await asyncio.shield(learning)
+        return await _asked_once(self._learning_routes, queue, self._describe_routes)
 
     async def _learn_receive_wait(self, queue: str) -> int:
         """The queue's receive wait, asked once however many receives wait for it (a
         burst of first receives each sent alone, not knowing whether it may wait, shared
         no request); later answers to receives keep it up to date."""
-        learning = self._learning_receive_waits.get(queue)
-        if learning is None:
-            learning = self._learning_receive_waits[queue] = asyncio.ensure_future(self._describe_receive_wait(queue))
-            learning.add_done_callback(functools.partial(_learned, self._learning_receive_waits, queue))
-        return await asyncio.shield(learning)
+        return await _asked_once(self._learning_receive_waits, queue, self._describe_receive_wait)
 
     async def _describe_receive_wait(self, queue: str) -> int:
         description = await self._unary(
