@@ -71,6 +71,9 @@ def test_a_minimal_cluster_and_queue_get_their_defaults(
             "names the queue that receives dead letters",
         ),
         ({"redrivePolicy": {"deadLetterQueue": "dlq"}}, "maxReceiveCount: Required value"),
+        ({"priorityLanes": 11}, "should be less than or equal to 10"),
+        ({"receiveWait": "a while"}, "must be a duration such as 30s"),
+        ({"contentBasedDedup": "yes"}, "must be of type boolean"),
         ({"colour": "blue"}, "spec.colour"),
     ],
 )
@@ -81,6 +84,14 @@ def test_a_bad_queue_is_refused_with_a_message_naming_the_problem(
     assert message in body, body
     if "colour" in message:
         assert "unknown field" in body
+
+
+def test_a_queue_takes_priority_lanes_a_receive_wait_and_content_based_dedup(
+    api_client: client.ApiClient, namespace: str, shardq_crds: list[str]
+) -> None:
+    spec = {"priorityLanes": 10, "receiveWait": "20s", "contentBasedDedup": True}
+    queue = create(api_client, namespace, "queues", "Queue", "jobs", spec)
+    assert {key: queue["spec"][key] for key in spec} == spec
 
 
 def test_a_queue_name_must_be_a_dns_label(api_client: client.ApiClient, namespace: str, shardq_crds: list[str]) -> None:
